@@ -1,0 +1,52 @@
+// One MoE layer's weights as every implementation reads them: non-owning views of the raw
+// GGUF bytes (router bf16, bias f32, stacked Q2_K / Q3_K experts, shared expert). The owner (a
+// mapped GGUF file, a generator's buffers, later an expert cache) keeps the bytes alive through
+// `keep_alive`. Expert e of a stacked tensor starts at byte e * expert_stride (llama.cpp layout).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "emulate/blocks.h"
+#include "emulate/config.h"
+
+namespace moecheck {
+
+// A row-major matrix [rows, cols] of one type; each row holds `cols` values (ggml ne0 = cols).
+struct MatView {
+  GgmlType type = GgmlType::kBF16;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const uint8_t* data = nullptr;
+
+  int64_t row_stride() const { return row_bytes(type, cols); }
+  const uint8_t* row(int64_t r) const { return data + r * row_stride(); }
+};
+
+// A stack of n_experts matrices [rows, cols] of one type (ggml ne = [cols, rows, n_experts]).
+struct ExpertStackView {
+  GgmlType type = GgmlType::kQ2K;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t n_experts = 0;
+  const uint8_t* data = nullptr;
+
+  int64_t expert_stride() const { return rows * row_bytes(type, cols); }
+  MatView expert(int64_t e) const { return MatView{type, rows, cols, data + e * expert_stride()}; }
+};
+
+struct LayerWeights {
+  int layer = 0;
+  MoeConfig config;
+  const uint16_t* router = nullptr;  // bf16 [n_routed, dim]  (blk.N.ffn_gate_inp.weight)
+  const float* bias = nullptr;       // f32 [n_routed]         (blk.N.exp_probs_b.bias)
+  ExpertStackView gate_exps;         // Q2_K [n_routed][inter, dim]  w1
+  ExpertStackView up_exps;           // Q2_K [n_routed][inter, dim]  w3
+  ExpertStackView down_exps;         // Q3_K [n_routed][dim, inter]  w2
+  MatView shared_gate;               // [inter, dim]  bf16, or K-quant (ResidentMat)
+  MatView shared_up;                 // [inter, dim]
+  MatView shared_down;               // [dim, inter]
+  std::shared_ptr<const void> keep_alive;
+};
+
+}  // namespace moecheck
