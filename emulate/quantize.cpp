@@ -2,9 +2,10 @@
 // their helpers make_qkx2_quants / make_q3_quants) and the row dequantisers. Contract:
 // shared/design/formats-and-kernels.md §1 (layouts), §2 (algorithms), docs/blocks.md. Every
 // float expression keeps C's evaluation order and rounds each operation (-ffp-contract=off, as
-// ggml-base is built on x86-64), so the blocks match ggml's bit for bit on finite input of sane
-// range. Deviations, all where ggml would assert or write a corrupt block: nearest_int saturates
-// out of range and maps NaN to 0; Q2_K scale/min codes are clamped to [0, 15].
+// ggml-base is built on x86-64), so the blocks match ggml's bit for bit (docs/blocks.md says
+// how that was checked). Where ggml would assert or write a corrupt block we are defined
+// instead: nearest_int saturates out of range and maps NaN to 0 (ggml's release build gives 0
+// for the default NaN too); Q2_K scale/min codes are clamped to [0, 15].
 #include "emulate/quantize.h"
 
 #include <algorithm>

@@ -9,7 +9,8 @@
 
 namespace moecheck {
 
-// ggml's nearest_int: round to nearest, ties to even, for |f| <= 4194303.
+// ggml's nearest_int: round to nearest, ties to even, for |f| <= 4194303. Outside that range
+// it saturates to +-2^22 and NaN gives 0 (ggml asserts instead), so every input is defined.
 int nearest_int(float f);
 
 // k a multiple of 256; x has k values, y has k / 256 blocks.
