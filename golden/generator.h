@@ -1,0 +1,89 @@
+// Seeded synthetic MoE models: presets tiny / small / ds41, written as GGUF files layer by layer
+// or built in memory. Every tensor's bytes are a pure function of (seed, layer, tensor, expert)
+// through a portable PRNG (xoshiro256** seeded by splitmix64, integer-only normal sampler), so
+// any expert can be regenerated on demand and a file written from a seed holds the same bytes.
+// Contract: docs/gguf.md "Synthetic models".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "emulate/config.h"
+#include "emulate/layer_weights.h"
+#include "golden/model_file.h"
+
+namespace moecheck {
+
+// Bumped whenever the bytes produced for a given seed change (recorded in the file).
+inline constexpr uint32_t kGeneratorVersion = 1;
+
+// Portable PRNG: xoshiro256** with its state filled by splitmix64 from one 64-bit key.
+class Rng {
+ public:
+  explicit Rng(uint64_t key);
+  uint64_t next();
+  // Uniform in [0, 1) with 53 random bits.
+  double uniform();
+  // Approximately N(0, 1): the Irwin-Hall sum of twelve 16-bit uniforms, centred. Integer
+  // arithmetic and one exact scaling, so the same bits on every platform; |z| < 6.
+  float normal();
+
+ private:
+  uint64_t s_[4];
+};
+
+// Mixes a seed and three indices into one stream key (splitmix64 finaliser per step).
+uint64_t stream_key(uint64_t seed, uint64_t a, uint64_t b, uint64_t c);
+
+// How routed experts' blocks are made: sampled N(0, sigma) values through the reference
+// quantisers, or random valid blocks written directly (finite positive f16 scales, random
+// quants and sub-scales): fast enough for ds41 (4.9 GB per layer).
+enum class ExpertBlocks { kQuantized, kRandomValid };
+
+enum class Proj { kGate, kUp, kDown };
+
+struct GenOptions {
+  std::string preset = "tiny";
+  MoeConfig config;
+  int n_layers = 2;
+  uint64_t seed = 1;
+  SharedExpertType shared = SharedExpertType::kBF16;
+  ExpertBlocks blocks = ExpertBlocks::kQuantized;
+  uint32_t alignment = 32;
+
+  // InputError naming the preset and field when the options cannot make a model.
+  void validate() const;
+};
+
+// "tiny": dim 512, inter 256, 16 experts, top 4. "small": 1024, 512, 64, top 6. "ds41": the
+// seeds' config (5120, 2304, 384, top 6), random-valid blocks by default. All: sqrtsoftplus,
+// route_scale 1.5, swiglu_limit 10, gate_temp 1, norm_topk_prob, bf16 shared expert, 2 layers,
+// seed 1. Unknown name: InputError listing the presets.
+GenOptions preset_options(const std::string& preset);
+// The embedded model of `moecheck check`: tiny, 2 layers, seed 1.
+GenOptions default_model_options();
+// Rebuilds the options a generated file was written with (InputError if it has no provenance
+// or another generator version).
+GenOptions options_from_model(const ModelFile& m);
+
+// Bytes of one routed expert of a projection (gate/up Q2_K [inter, dim], down Q3_K [dim, inter]).
+int64_t expert_bytes(const GenOptions& o, Proj p);
+// Writes expert `expert`'s blocks of projection `p` in layer `layer` to out[expert_bytes(o, p)].
+void generate_expert_blocks(const GenOptions& o, int layer, Proj p, int64_t expert, uint8_t* out);
+// Router bf16 [n_routed, dim] and bias f32 [n_routed].
+void generate_router(const GenOptions& o, int layer, uint16_t* out);
+void generate_bias(const GenOptions& o, int layer, float* out);
+// The shared expert's projection in its storage type (bf16 or K-quant).
+int64_t shared_bytes(const GenOptions& o, Proj p);
+void generate_shared(const GenOptions& o, int layer, Proj p, uint8_t* out);
+
+// One layer in memory (keep_alive owns the buffers); no disk involved.
+LayerWeights generate_layer(const GenOptions& o, int layer);
+// Writes the whole model, streaming each tensor (one expert at a time for the stacks).
+void write_model(const GenOptions& o, const std::string& path);
+
+// Token inputs x [tokens, dim] bf16, ~N(0, 1), from a seed of their own.
+std::vector<uint16_t> generate_input(uint64_t seed, int64_t tokens, int64_t dim);
+
+}  // namespace moecheck

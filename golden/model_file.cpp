@@ -1,0 +1,221 @@
+// ModelFile: a validated GGUF model file's config and per-layer views of its tensors.
+// Contract: docs/gguf.md "Metadata keys" (exact types, which keys are required) and "Tensors"
+// (names, ggml ne order, types). Every message names the file and the key or tensor, with what
+// was expected and what was found.
+#include "golden/model_file.h"
+
+#include <limits>
+
+#include "emulate/error.h"
+
+namespace moecheck {
+
+namespace {
+
+using gguf::Value;
+using gguf::ValueType;
+
+const char* ggml_name(uint32_t t) {
+  const char* n = gguf::type_traits(t).name;
+  return n ? n : "unknown";
+}
+
+std::string ne_string(const std::vector<int64_t>& ne) {
+  std::string s = "[";
+  for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+  return s + "]";
+}
+
+const Value* get(const gguf::Reader& r, const char* key, ValueType type, bool required) {
+  const gguf::KeyValue* kv = r.find(key);
+  if (!kv) {
+    if (required)
+      throw InputError(r.name() + ": metadata key \"" + key + "\" (" + gguf::type_name(type) + ") is missing");
+    return nullptr;
+  }
+  if (kv->value.type != type)
+    throw InputError(r.name() + ": metadata key \"" + key + "\" at offset " + std::to_string(kv->file_offset) +
+                     ": expected " + gguf::type_name(type) + ", found " + gguf::describe(kv->value));
+  return &kv->value;
+}
+
+int64_t get_count(const gguf::Reader& r, const char* key) {
+  return static_cast<int64_t>(get(r, key, ValueType::kUint32, true)->as_uint());
+}
+
+Value count_value(int64_t v, const char* key) {
+  if (v < 0 || v > std::numeric_limits<uint32_t>::max())
+    throw InputError(std::string("model metadata: ") + key + " = " + std::to_string(v) + " does not fit uint32");
+  return gguf::make_uint32(static_cast<uint32_t>(v));
+}
+
+const char* tensor_suffix(LayerTensor t) {
+  switch (t) {
+    case LayerTensor::kRouter: return "ffn_gate_inp.weight";
+    case LayerTensor::kBias: return "exp_probs_b.bias";
+    case LayerTensor::kGateExps: return "ffn_gate_exps.weight";
+    case LayerTensor::kUpExps: return "ffn_up_exps.weight";
+    case LayerTensor::kDownExps: return "ffn_down_exps.weight";
+    case LayerTensor::kGateShexp: return "ffn_gate_shexp.weight";
+    case LayerTensor::kUpShexp: return "ffn_up_shexp.weight";
+    case LayerTensor::kDownShexp: return "ffn_down_shexp.weight";
+  }
+  return "?";
+}
+
+bool is_shared(LayerTensor t) {
+  return t == LayerTensor::kGateShexp || t == LayerTensor::kUpShexp || t == LayerTensor::kDownShexp;
+}
+
+}  // namespace
+
+std::string tensor_name(int layer, LayerTensor t) {
+  return "blk." + std::to_string(layer) + "." + tensor_suffix(t);
+}
+
+TensorShape expected_tensor(const MoeConfig& c, LayerTensor t, SharedExpertType shared) {
+  const bool kq = shared == SharedExpertType::kKQuant;
+  const int64_t shared_inter = c.inter * c.n_shared;  // llama.cpp: n_ff_exp * n_expert_shared
+  switch (t) {
+    case LayerTensor::kRouter: return {GgmlType::kBF16, {c.dim, c.n_routed}};
+    case LayerTensor::kBias: return {GgmlType::kF32, {c.n_routed}};
+    case LayerTensor::kGateExps:
+    case LayerTensor::kUpExps: return {GgmlType::kQ2K, {c.dim, c.inter, c.n_routed}};
+    case LayerTensor::kDownExps: return {GgmlType::kQ3K, {c.inter, c.dim, c.n_routed}};
+    case LayerTensor::kGateShexp:
+    case LayerTensor::kUpShexp: return {kq ? GgmlType::kQ2K : GgmlType::kBF16, {c.dim, shared_inter}};
+    case LayerTensor::kDownShexp: return {kq ? GgmlType::kQ3K : GgmlType::kBF16, {shared_inter, c.dim}};
+  }
+  return {};
+}
+
+void add_config_metadata(gguf::Writer& w, const MoeConfig& c, int n_layers) {
+  w.set(keys::kArchitecture, gguf::make_string(kArchitectureName));
+  w.set(keys::kQuantVersion, gguf::make_uint32(2));
+  w.set(keys::kBlockCount, count_value(n_layers, keys::kBlockCount));
+  w.set(keys::kDim, count_value(c.dim, keys::kDim));
+  w.set(keys::kInter, count_value(c.inter, keys::kInter));
+  w.set(keys::kNRouted, count_value(c.n_routed, keys::kNRouted));
+  w.set(keys::kTopk, count_value(c.topk, keys::kTopk));
+  w.set(keys::kNShared, count_value(c.n_shared, keys::kNShared));
+  w.set(keys::kRouteScale, gguf::make_float32(c.route_scale));
+  w.set(keys::kNormTopk, gguf::make_bool(c.norm_topk_prob));
+  // llama.cpp's gating ids (1 softmax, 2 sigmoid) have no sqrtsoftplus; the moecheck key is the
+  // one this project reads, the llama.cpp one is written where it exists for other tools.
+  if (c.score_func == ScoreFunc::kSoftmax) w.set(keys::kGatingFunc, gguf::make_uint32(1));
+  if (c.score_func == ScoreFunc::kSigmoid) w.set(keys::kGatingFunc, gguf::make_uint32(2));
+  w.set(keys::kGateTemp, gguf::make_float32(c.gate_temp));
+  w.set(keys::kScoreFunc, gguf::make_string(to_string(c.score_func)));
+  w.set(keys::kSwigluLimit, gguf::make_float32(c.swiglu_limit));
+}
+
+ModelFile ModelFile::open(const std::string& path) { return from_gguf(gguf::Reader::open(path)); }
+
+ModelFile ModelFile::from_gguf(gguf::Reader reader) {
+  ModelFile m;
+  m.gguf_ = std::move(reader);
+  const gguf::Reader& r = m.gguf_;
+  const std::string& file = r.name();
+
+  const Value* arch = get(r, keys::kArchitecture, ValueType::kString, true);
+  if (arch->str != kArchitectureName)
+    throw InputError(file + ": metadata key \"" + keys::kArchitecture + "\": expected \"" + kArchitectureName +
+                     "\", found \"" + arch->str + "\"");
+  const int64_t blocks = get_count(r, keys::kBlockCount);
+  if (blocks < 1 || blocks > std::numeric_limits<int>::max())
+    throw InputError(file + ": metadata key \"" + keys::kBlockCount + "\": expected at least 1 layer, found " +
+                     std::to_string(blocks));
+  m.n_layers_ = static_cast<int>(blocks);
+
+  MoeConfig& c = m.config_;
+  c.dim = get_count(r, keys::kDim);
+  c.inter = get_count(r, keys::kInter);
+  c.n_routed = get_count(r, keys::kNRouted);
+  c.topk = get_count(r, keys::kTopk);
+  c.n_shared = get_count(r, keys::kNShared);
+  c.route_scale = get(r, keys::kRouteScale, ValueType::kFloat32, true)->as_f32();
+  c.norm_topk_prob = get(r, keys::kNormTopk, ValueType::kBool, true)->as_bool();
+  c.score_func = parse_score_func(get(r, keys::kScoreFunc, ValueType::kString, true)->str,
+                                  file + ": metadata key \"" + keys::kScoreFunc + "\"");
+  c.swiglu_limit = get(r, keys::kSwigluLimit, ValueType::kFloat32, true)->as_f32();
+  if (const Value* t = get(r, keys::kGateTemp, ValueType::kFloat32, false)) c.gate_temp = t->as_f32();
+  if (const Value* g = get(r, keys::kGatingFunc, ValueType::kUint32, false)) {
+    const uint64_t id = g->as_uint();
+    const bool agrees = (id == 1 && c.score_func == ScoreFunc::kSoftmax) ||
+                        (id == 2 && c.score_func == ScoreFunc::kSigmoid);
+    if (!agrees)
+      throw InputError(file + ": metadata key \"" + keys::kGatingFunc + "\" = " + std::to_string(id) +
+                       " (1 softmax, 2 sigmoid) disagrees with \"" + keys::kScoreFunc + "\" = \"" +
+                       to_string(c.score_func) + "\"");
+  }
+  c.validate(file);
+
+  if (r.find(keys::kGenSeed)) {
+    GeneratorProvenance p;
+    p.seed = get(r, keys::kGenSeed, ValueType::kUint64, true)->as_uint();
+    p.preset = get(r, keys::kGenPreset, ValueType::kString, true)->str;
+    p.version = static_cast<uint32_t>(get(r, keys::kGenVersion, ValueType::kUint32, true)->as_uint());
+    p.fast_blocks = get(r, keys::kGenFastBlocks, ValueType::kBool, true)->as_bool();
+    m.provenance_ = p;
+  }
+  return m;
+}
+
+LayerWeights ModelFile::layer(int L) const {
+  const std::string& file = gguf_.name();
+  if (L < 0 || L >= n_layers_)
+    throw InputError(file + ": layer " + std::to_string(L) + " out of range: the file has " +
+                     std::to_string(n_layers_) + " layers (" + keys::kBlockCount + ")");
+  const MoeConfig& c = config_;
+  auto view = [&](LayerTensor which) -> const uint8_t* {
+    const std::string name = tensor_name(L, which);
+    const gguf::TensorInfo* t = gguf_.find_tensor(name);
+    if (!t) throw InputError(file + ": layer " + std::to_string(L) + ": tensor \"" + name + "\" is missing");
+    const std::string where = file + ": tensor \"" + name + "\"";
+    TensorShape want = expected_tensor(c, which, SharedExpertType::kBF16);
+    if (is_shared(which) && t->type != static_cast<uint32_t>(GgmlType::kBF16)) {
+      const TensorShape kq = expected_tensor(c, which, SharedExpertType::kKQuant);
+      if (t->type != static_cast<uint32_t>(kq.type))
+        throw InputError(where + ": type " + ggml_name(t->type) + ", expected BF16 or " +
+                         ggml_name(static_cast<uint32_t>(kq.type)) + " (K-quant shared expert)");
+      want = kq;
+    }
+    if (t->type != static_cast<uint32_t>(want.type))
+      throw InputError(where + ": type " + ggml_name(t->type) + ", expected " +
+                       ggml_name(static_cast<uint32_t>(want.type)));
+    const std::vector<int64_t> ne(t->ne.begin(), t->ne.begin() + t->n_dims);
+    if (ne != want.ne)
+      throw InputError(where + ": ne " + ne_string(ne) + " (ggml order), expected " + ne_string(want.ne) +
+                       " for dim " + std::to_string(c.dim) + ", inter " + std::to_string(c.inter) +
+                       ", n_routed " + std::to_string(c.n_routed));
+    // Views are read as uint16 / float / block structs, which need 2- or 4-byte alignment.
+    const uint8_t* p = gguf_.data(*t);
+    const uintptr_t need = want.type == GgmlType::kF32 ? 4 : 2;
+    if (reinterpret_cast<uintptr_t>(p) % need != 0)
+      throw InputError(where + ": data at file offset " + std::to_string(gguf_.data_offset() + t->offset) +
+                       " is not " + std::to_string(need) + "-byte aligned (general.alignment " +
+                       std::to_string(gguf_.alignment()) + ")");
+    return p;
+  };
+
+  LayerWeights w;
+  w.layer = L;
+  w.config = c;
+  w.router = reinterpret_cast<const uint16_t*>(view(LayerTensor::kRouter));
+  w.bias = reinterpret_cast<const float*>(view(LayerTensor::kBias));
+  w.gate_exps = ExpertStackView{GgmlType::kQ2K, c.inter, c.dim, c.n_routed, view(LayerTensor::kGateExps)};
+  w.up_exps = ExpertStackView{GgmlType::kQ2K, c.inter, c.dim, c.n_routed, view(LayerTensor::kUpExps)};
+  w.down_exps = ExpertStackView{GgmlType::kQ3K, c.dim, c.inter, c.n_routed, view(LayerTensor::kDownExps)};
+  auto shared = [&](LayerTensor which, int64_t rows, int64_t cols) {
+    const uint8_t* p = view(which);
+    const auto type = static_cast<GgmlType>(gguf_.find_tensor(tensor_name(L, which))->type);
+    return MatView{type, rows, cols, p};
+  };
+  w.shared_gate = shared(LayerTensor::kGateShexp, c.inter, c.dim);
+  w.shared_up = shared(LayerTensor::kUpShexp, c.inter, c.dim);
+  w.shared_down = shared(LayerTensor::kDownShexp, c.dim, c.inter);
+  w.keep_alive = gguf_.owner();
+  return w;
+}
+
+}  // namespace moecheck

@@ -1,0 +1,99 @@
+// A moecheck model file: a GGUF v3 file holding DeepSeek-style MoE layers under llama.cpp's
+// "deepseek2" names, with the config in metadata. ModelFile::open validates the metadata into a
+// MoeConfig; layer(L) checks that layer's tensors (names, types, shapes) against the config and
+// returns views into the mapping. Contract: docs/gguf.md "Metadata keys" and "Tensors".
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "emulate/blocks.h"
+#include "emulate/config.h"
+#include "emulate/layer_weights.h"
+#include "golden/gguf.h"
+#include "golden/sha256.h"
+
+namespace moecheck {
+
+// Metadata keys (types in docs/gguf.md).
+namespace keys {
+inline constexpr const char* kArchitecture = "general.architecture";          // string "deepseek2"
+inline constexpr const char* kQuantVersion = "general.quantization_version";  // uint32 2
+inline constexpr const char* kName = "general.name";                          // string, optional
+inline constexpr const char* kBlockCount = "deepseek2.block_count";           // uint32
+inline constexpr const char* kDim = "deepseek2.embedding_length";             // uint32
+inline constexpr const char* kInter = "deepseek2.expert_feed_forward_length"; // uint32
+inline constexpr const char* kNRouted = "deepseek2.expert_count";             // uint32
+inline constexpr const char* kTopk = "deepseek2.expert_used_count";           // uint32
+inline constexpr const char* kNShared = "deepseek2.expert_shared_count";      // uint32
+inline constexpr const char* kRouteScale = "deepseek2.expert_weights_scale";  // float32
+inline constexpr const char* kNormTopk = "deepseek2.expert_weights_norm";     // bool
+inline constexpr const char* kGatingFunc = "deepseek2.expert_gating_func";    // uint32, optional
+inline constexpr const char* kGateTemp = "moecheck.gate_temp";                // float32, optional (1)
+inline constexpr const char* kScoreFunc = "moecheck.score_func";              // string
+inline constexpr const char* kSwigluLimit = "moecheck.swiglu_limit";          // float32
+inline constexpr const char* kGenSeed = "moecheck.generator.seed";            // uint64
+inline constexpr const char* kGenPreset = "moecheck.generator.preset";        // string
+inline constexpr const char* kGenVersion = "moecheck.generator.version";      // uint32
+inline constexpr const char* kGenFastBlocks = "moecheck.generator.fast_blocks";  // bool
+}  // namespace keys
+
+inline constexpr const char* kArchitectureName = "deepseek2";
+
+// The shared expert's storage: bf16, or K-quant (gate/up Q2_K, down Q3_K) run on the routed
+// experts' kernels.
+enum class SharedExpertType { kBF16, kKQuant };
+
+enum class LayerTensor { kRouter, kBias, kGateExps, kUpExps, kDownExps, kGateShexp, kUpShexp, kDownShexp };
+inline constexpr std::array<LayerTensor, 8> kLayerTensors = {
+    LayerTensor::kRouter,    LayerTensor::kBias,      LayerTensor::kGateExps, LayerTensor::kUpExps,
+    LayerTensor::kDownExps,  LayerTensor::kGateShexp, LayerTensor::kUpShexp,  LayerTensor::kDownShexp};
+
+// "blk.<layer>.ffn_gate_exps.weight" etc.
+std::string tensor_name(int layer, LayerTensor t);
+
+struct TensorShape {
+  GgmlType type = GgmlType::kF32;
+  std::vector<int64_t> ne;  // ggml order
+};
+// The type and shape a layer tensor must have for `c`.
+TensorShape expected_tensor(const MoeConfig& c, LayerTensor t, SharedExpertType shared);
+
+// Writes general.architecture, general.quantization_version and the config keys.
+void add_config_metadata(gguf::Writer& w, const MoeConfig& c, int n_layers);
+
+// What the synthetic generator recorded (absent for files from elsewhere).
+struct GeneratorProvenance {
+  uint64_t seed = 0;
+  std::string preset;
+  uint32_t version = 0;
+  bool fast_blocks = false;
+};
+
+class ModelFile {
+ public:
+  // Maps and validates `path`: GGUF structure, metadata keys and types, MoeConfig::validate.
+  static ModelFile open(const std::string& path);
+  // The same checks on an already parsed GGUF (tests build files in memory).
+  static ModelFile from_gguf(gguf::Reader reader);
+
+  const std::string& path() const { return gguf_.name(); }
+  const MoeConfig& config() const { return config_; }
+  int n_layers() const { return n_layers_; }
+  const std::optional<GeneratorProvenance>& provenance() const { return provenance_; }
+  const gguf::Reader& gguf() const { return gguf_; }
+
+  // Views of layer L's tensors; throws InputError naming the file, tensor and field for a
+  // missing tensor, wrong type, wrong shape or misaligned data.
+  LayerWeights layer(int L) const;
+
+ private:
+  gguf::Reader gguf_;
+  MoeConfig config_;
+  int n_layers_ = 0;
+  std::optional<GeneratorProvenance> provenance_;
+};
+
+}  // namespace moecheck
