@@ -1,0 +1,187 @@
+// Helpers shared by the emulation tests (tests/emu_*_test.cpp): seeded generators that know the
+// block formats (valid and adversarial Q2_K / Q3_K blocks), the rounding-error constants and
+// bounds of docs/numerics.md "Error bounds", and a literal replay of the MMVQ contract written
+// from the document with the per-element decoders (independent of emulate/mmvq.cpp's fast path).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <random>
+#include <vector>
+
+#include "emulate/blocks.h"
+#include "emulate/fp_ops.h"
+#include "emulate/numfmt.h"
+#include "emulate/quantize.h"
+#include "emulate/schedule.h"
+
+namespace moecheck::emutest {
+
+inline constexpr double kU = 0x1p-24;
+inline double gamma(int64_t n) { return static_cast<double>(n) * kU / (1.0 - static_cast<double>(n) * kU); }
+inline double gamma64(int64_t n) {
+  return static_cast<double>(n) * 0x1p-53 / (1.0 - static_cast<double>(n) * 0x1p-53);
+}
+
+// Seeded std::mt19937_64 (bit-identical everywhere), uniform and Box-Muller normal values.
+class Gen {
+ public:
+  explicit Gen(uint64_t seed) : r_(seed) {}
+  uint32_t u32() { return static_cast<uint32_t>(r_() >> 32); }
+  uint8_t byte() { return static_cast<uint8_t>(r_() >> 56); }
+  double uni() { return static_cast<double>(r_() >> 11) * 0x1p-53; }
+  float normal(double sigma = 1.0) {
+    const double a = uni() + 0x1p-60, b = uni();
+    return static_cast<float>(sigma * std::sqrt(-2.0 * std::log(a)) * std::cos(6.283185307179586 * b));
+  }
+  std::vector<float> f32(int64_t n, double sigma) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = normal(sigma);
+    return v;
+  }
+  std::vector<uint16_t> bf16(int64_t n, double sigma) {
+    std::vector<uint16_t> v(static_cast<size_t>(n));
+    for (auto& x : v) x = f32_to_bf16(normal(sigma));
+    return v;
+  }
+
+ private:
+  std::mt19937_64 r_;
+};
+
+enum class BlockKind { kValid, kZeroScale, kSubnormalScale, kAllMaxSub };
+
+// A Q2_K block: random quants, scales and mins; d, dmin by kind (valid: ~N(0, dscale) magnitudes).
+inline BlockQ2K make_q2k(Gen& g, BlockKind kind, float dscale = 1e-3f) {
+  BlockQ2K b{};
+  for (auto& q : b.qs) q = g.byte();
+  for (auto& s : b.scales) s = kind == BlockKind::kAllMaxSub ? 0xFF : g.byte();
+  switch (kind) {
+    case BlockKind::kZeroScale: b.d = 0; b.dmin = f32_to_f16(dscale); break;
+    case BlockKind::kSubnormalScale: b.d = static_cast<uint16_t>(1 + g.u32() % 0x3FF);
+                                     b.dmin = static_cast<uint16_t>(1 + g.u32() % 0x3FF); break;
+    default: b.d = f32_to_f16(dscale * static_cast<float>(0.5 + g.uni()));
+             b.dmin = f32_to_f16(dscale * static_cast<float>(0.5 + g.uni()));
+  }
+  return b;
+}
+
+inline BlockQ3K make_q3k(Gen& g, BlockKind kind, float dscale = 1e-3f) {
+  BlockQ3K b{};
+  for (auto& q : b.qs) q = g.byte();
+  for (auto& h : b.hmask) h = g.byte();
+  // all-max: every 6-bit scale field 63, i.e. s = +31 (and the 4-bit/2-bit parts all ones).
+  for (auto& s : b.scales) s = kind == BlockKind::kAllMaxSub ? 0xFF : g.byte();
+  switch (kind) {
+    case BlockKind::kZeroScale: b.d = 0; break;
+    case BlockKind::kSubnormalScale: b.d = static_cast<uint16_t>(1 + g.u32() % 0x3FF); break;
+    default: b.d = f32_to_f16(dscale * static_cast<float>(0.5 + g.uni()));
+  }
+  return b;
+}
+
+// Rows of K / 256 blocks as raw bytes, block kinds drawn with the given adversarial share.
+inline std::vector<uint8_t> make_rows(Gen& g, GgmlType t, int64_t rows, int64_t K,
+                                      double adversarial = 0.0) {
+  const int64_t nb = rows * (K / kQK_K);
+  std::vector<uint8_t> out(static_cast<size_t>(rows * row_bytes(t, K)));
+  for (int64_t i = 0; i < nb; ++i) {
+    BlockKind kind = BlockKind::kValid;
+    if (g.uni() < adversarial) kind = static_cast<BlockKind>(1 + g.u32() % 3);
+    if (t == GgmlType::kQ2K) {
+      const BlockQ2K b = make_q2k(g, kind);
+      std::memcpy(out.data() + i * sizeof b, &b, sizeof b);
+    } else {
+      const BlockQ3K b = make_q3k(g, kind);
+      std::memcpy(out.data() + i * sizeof b, &b, sizeof b);
+    }
+  }
+  return out;
+}
+
+// docs/numerics.md "q8_1 step": |x_i - q_i d16| <= d/2 + 128 u d + 127 |d - d16| + max(0, amax - 127 d).
+inline double q8_block_bound(const float* x) {
+  double amax = 0;
+  for (int i = 0; i < kQK8_1; ++i) amax = std::fmax(amax, std::fabs(static_cast<double>(x[i])));
+  const float d = div_rn(static_cast<float>(amax), 127.0f);
+  const double d16 = f16_to_f32(f32_to_f16(d));
+  return d / 2.0 + 128.0 * kU * d + 127.0 * std::fabs(d - d16) + std::fmax(0.0, amax - 127.0 * d);
+}
+
+// Unit integer parts straight from the contract, with the per-element decoders of blocks.h.
+struct UnitInts { int64_t A = 0, B = 0; float d = 0, dmin = 0; };
+inline UnitInts unit_ints(GgmlType t, const uint8_t* row, const BlockQ8_1& a, int64_t g) {
+  UnitInts r;
+  const int64_t sb = g / kQ8PerSuperBlock, b = g % kQ8PerSuperBlock;
+  for (int l = 0; l < kQK8_1; ++l) {
+    const int e = static_cast<int>(32 * b + l), sub = e / 16;
+    if (t == GgmlType::kQ2K) {
+      const auto& blk = reinterpret_cast<const BlockQ2K*>(row)[sb];
+      r.A += int64_t{q2k_scale(blk, sub)} * q2k_quant(blk, e) * a.qs[l];
+      r.B += int64_t{q2k_min(blk, sub)} * a.qs[l];
+      r.d = f16_to_f32(blk.d);
+      r.dmin = f16_to_f32(blk.dmin);
+    } else {
+      const auto& blk = reinterpret_cast<const BlockQ3K*>(row)[sb];
+      r.A += int64_t{q3k_scale(blk, sub)} * q3k_quant(blk, e) * a.qs[l];
+      r.d = f16_to_f32(blk.d);
+    }
+  }
+  return r;
+}
+
+// The MMVQ contract replayed literally: lanes over units l, l + 32, ..., fma chains, butterfly.
+inline float mmvq_replay(GgmlType t, const uint8_t* row, const BlockQ8_1* a, int64_t K) {
+  const int64_t units = K / kQK8_1;
+  float lane[kWarpSize];
+  for (int l = 0; l < kWarpSize; ++l) {
+    float acc = 0.0f;
+    for (int64_t g = l; g < units; g += kWarpSize) {
+      const UnitInts u = unit_ints(t, row, a[g], g);
+      const float tt = t == GgmlType::kQ2K
+                           ? fma_rn(u.d, static_cast<float>(u.A), -mul_rn(u.dmin, static_cast<float>(u.B)))
+                           : mul_rn(u.d, static_cast<float>(u.A));
+      acc = fma_rn(f16_to_f32(a[g].d), tt, acc);
+    }
+    lane[l] = acc;
+  }
+  return butterfly(lane);
+}
+
+// Exact value (f64 on the reference's dequantised weights) and the derived bound of
+// docs/numerics.md "MMVQ" for one (row, token); x is the f32 row the q8_1 blocks came from.
+struct Bounded { double exact = 0, bound = 0, mag = 0; };  // mag = sum |w_k x_k|
+// eblk: the per-unit q8_1 step bounds of x when the caller has them (they depend on x only).
+inline Bounded mmvq_exact_bound(GgmlType t, const uint8_t* row, const BlockQ8_1* a,
+                                const float* x, int64_t K, const double* eblk = nullptr) {
+  std::vector<float> w(static_cast<size_t>(K));
+  dequantize_row(t, row, w.data(), K);
+  const int64_t units = K / kQK8_1;
+  const int64_t depth = (units + kWarpSize - 1) / kWarpSize + 5 + 2;
+  double exact = 0, qerr = 0, mag_wx = 0, M = 0;
+  for (int64_t g = 0; g < units; ++g) {
+    const double e_blk = eblk ? eblk[g] : q8_block_bound(x + g * kQK8_1);
+    for (int l = 0; l < kQK8_1; ++l) {
+      const double wk = w[g * kQK8_1 + l], xk = x[g * kQK8_1 + l];
+      exact += wk * xk;
+      qerr += std::fabs(wk) * e_blk;
+      mag_wx += std::fabs(wk * xk);
+    }
+    const UnitInts u = unit_ints(t, row, a[g], g);
+    M += std::fabs(static_cast<double>(f16_to_f32(a[g].d))) *
+         (std::fabs(static_cast<double>(u.d) * static_cast<double>(u.A)) +
+          std::fabs(static_cast<double>(u.dmin) * static_cast<double>(u.B)));
+  }
+  return {exact, (1 + 2 * kU) * qerr + gamma(depth) * M + (kU + gamma64(K)) * mag_wx, mag_wx};
+}
+
+inline std::string hex(float v) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%a (0x%08x)", static_cast<double>(v), f32_bits(v));
+  return buf;
+}
+
+}  // namespace moecheck::emutest
