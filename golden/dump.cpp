@@ -1,0 +1,325 @@
+// Writer and validating reader of the HDF5 tensor dumps. Contract: docs/golden-format.md
+// (root attributes, /layers/<L>/ datasets, per-expert tap groups, bf16 as uint16 with
+// dtype = "bfloat16", q8_1 blocks as uint8 [n, K/32, 36] with dtype = "block_q8_1").
+#include "golden/dump.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
+
+#include "emulate/error.h"
+#include "golden/dump_hdf5.h"
+
+namespace moecheck {
+namespace {
+
+using h5::Elem;
+constexpr int64_t kQ8Bytes = static_cast<int64_t>(sizeof(BlockQ8_1));
+
+// ---- writing ----
+
+void check_size(size_t got, int64_t want, const std::string& where) {
+  if (static_cast<int64_t>(got) != want)
+    throw InputError("dump " + where + ": expected " + std::to_string(want) + " values, found " +
+                     std::to_string(got));
+}
+
+void put_bf16(hid_t g, const std::string& name, const std::vector<uint16_t>& v, int64_t T, int64_t dim) {
+  h5::write_dataset(g, name, Elem::kU16, v.data(), {T, dim});
+  h5::Handle ds(H5Dopen2(g, name.c_str(), H5P_DEFAULT), H5Dclose);
+  h5::write_attr(ds.get(), "dtype", std::string("bfloat16"));
+}
+
+void put_q8(hid_t g, const std::string& name, const std::vector<BlockQ8_1>& v, int64_t rows, int64_t K) {
+  h5::write_dataset(g, name, Elem::kU8, v.data(), {rows, K / kQK8_1, kQ8Bytes});
+  h5::Handle ds(H5Dopen2(g, name.c_str(), H5P_DEFAULT), H5Dclose);
+  h5::write_attr(ds.get(), "dtype", std::string("block_q8_1"));
+}
+
+void put_expert(hid_t parent, const std::string& name, const ExpertTaps& e, const MoeConfig& c,
+                const std::string& where) {
+  h5::Handle g = h5::create_group(parent, name, where);
+  const int64_t n = static_cast<int64_t>(e.tokens.size());
+  h5::write_attr(g.get(), "expert", static_cast<int64_t>(e.expert));
+  check_size(e.weights.size(), n, where + "/weights");
+  h5::write_dataset(g.get(), "tokens", Elem::kI32, e.tokens.data(), {n});
+  h5::write_dataset(g.get(), "weights", Elem::kF32, e.weights.data(), {n});
+  auto f32 = [&](const char* s, const std::vector<float>& v, int64_t cols) {
+    if (v.empty()) return;
+    check_size(v.size(), n * cols, where + "/" + s);
+    h5::write_dataset(g.get(), s, Elem::kF32, v.data(), {n, cols});
+  };
+  f32("gate", e.gate, c.inter);
+  f32("up", e.up, c.inter);
+  f32("h", e.h, c.inter);
+  if (!e.h_q8.empty()) {
+    check_size(e.h_q8.size(), n * c.inter / kQK8_1, where + "/h_q8");
+    put_q8(g.get(), "h_q8", e.h_q8, n, c.inter);
+  }
+  f32("down", e.down, c.dim);
+}
+
+void put_layer(hid_t layers, const LayerTaps& t, const DumpMeta& m) {
+  const MoeConfig& c = m.config;
+  const int64_t T = m.tokens;
+  const std::string where = "/layers/" + std::to_string(t.layer);
+  check_size(t.input.size(), T * c.dim, where + "/input");
+  check_size(t.output.size(), T * c.dim, where + "/output");
+  check_size(t.router_logits.size(), T * c.n_routed, where + "/router_logits");
+  check_size(t.topk_ids.size(), T * c.topk, where + "/topk_ids");
+  check_size(t.topk_weights.size(), T * c.topk, where + "/topk_weights");
+  h5::Handle g = h5::create_group(layers, std::to_string(t.layer), where);
+  h5::write_attr(g.get(), "layer", static_cast<int64_t>(t.layer));
+  h5::write_attr(g.get(), "tokens", T);
+  put_bf16(g.get(), "input", t.input, T, c.dim);
+  put_bf16(g.get(), "output", t.output, T, c.dim);
+  h5::write_dataset(g.get(), "router_logits", Elem::kF32, t.router_logits.data(), {T, c.n_routed});
+  h5::write_dataset(g.get(), "topk_ids", Elem::kI32, t.topk_ids.data(), {T, c.topk});
+  h5::write_dataset(g.get(), "topk_weights", Elem::kF32, t.topk_weights.data(), {T, c.topk});
+  if (!m.taps) return;
+  if (!t.x_q8.empty()) {
+    check_size(t.x_q8.size(), T * c.dim / kQK8_1, where + "/x_q8");
+    put_q8(g.get(), "x_q8", t.x_q8, T, c.dim);
+  }
+  if (!t.acc.empty()) {
+    check_size(t.acc.size(), T * c.dim, where + "/acc");
+    h5::write_dataset(g.get(), "acc", Elem::kF32, t.acc.data(), {T, c.dim});
+  }
+  h5::Handle ex = h5::create_group(g.get(), "experts", where + "/experts");
+  for (const ExpertTaps& e : t.experts) {
+    if (e.expert < 0 || e.expert >= c.n_routed)
+      throw InputError("dump " + where + ": routed expert id " + std::to_string(e.expert) + " out of range");
+    put_expert(ex.get(), std::to_string(e.expert), e, c, where + "/experts/" + std::to_string(e.expert));
+  }
+  if (!t.shared.tokens.empty()) put_expert(g.get(), "shared", t.shared, c, where + "/shared");
+}
+
+void write_file(const std::string& path, const Dump& d) {
+  const DumpMeta& m = d.meta;
+  h5::Handle f = h5::create_file(path);
+  const hid_t r = f.get();
+  h5::write_attr(r, "format_version", m.format_version);
+  h5::write_attr(r, "tool_version", m.tool_version);
+  h5::write_attr(r, "git_commit", m.git_commit);
+  h5::write_attr(r, "implementation", m.implementation);
+  h5::write_attr(r, "variant", m.variant);
+  for (const auto& [k, v] : m.knobs) h5::write_attr(r, "knob." + k, v);
+  h5::write_attr(r, "device", m.device);
+  h5::write_attr(r, "model_file", m.model_file);
+  h5::write_attr(r, "model_sha256", m.model_sha256);
+  const MoeConfig& c = m.config;
+  h5::write_attr(r, "config.dim", c.dim);
+  h5::write_attr(r, "config.inter", c.inter);
+  h5::write_attr(r, "config.n_routed", c.n_routed);
+  h5::write_attr(r, "config.topk", c.topk);
+  h5::write_attr(r, "config.n_shared", c.n_shared);
+  h5::write_attr(r, "config.score_func", to_string(c.score_func));
+  h5::write_attr(r, "config.route_scale", c.route_scale);
+  h5::write_attr(r, "config.swiglu_limit", c.swiglu_limit);
+  h5::write_attr(r, "config.gate_temp", c.gate_temp);
+  h5::write_attr(r, "config.norm_topk_prob", static_cast<int64_t>(c.norm_topk_prob ? 1 : 0));
+  if (m.has_model_seed) h5::write_attr(r, "model_seed", m.model_seed);
+  h5::write_attr(r, "input_source", m.input_source);
+  h5::write_attr(r, "input_seed", m.input_seed);
+  h5::write_attr(r, "tokens", m.tokens);
+  h5::write_attr(r, "layers", m.layers);
+  h5::write_attr(r, "taps", static_cast<int64_t>(m.taps ? 1 : 0));
+  h5::write_attr(r, "routing_weight_at", m.routing_weight_at);
+  h5::Handle layers = h5::create_group(r, "layers", "/layers");
+  for (const LayerTaps& t : d.layers) put_layer(layers.get(), t, m);
+  if (H5Fflush(r, H5F_SCOPE_GLOBAL) < 0) throw std::runtime_error("HDF5 write failed: flush " + path);
+}
+
+// ---- reading ----
+
+ExpertTaps get_expert(const h5::Reader& rd, hid_t g, const std::string& path, const MoeConfig& c,
+                      int64_t T, int32_t expert) {
+  ExpertTaps e;
+  e.expert = expert;
+  std::vector<int64_t> dims;
+  e.tokens = rd.read_dataset<int32_t>(g, path, "tokens", {-1}, &dims);
+  const int64_t n = dims[0];
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t tok = e.tokens[static_cast<size_t>(i)];
+    if (tok < 0 || tok >= T || (i > 0 && tok <= e.tokens[static_cast<size_t>(i - 1)]))
+      rd.fail(path + "/tokens", "token ids must be ascending in [0, " + std::to_string(T) + "), found " +
+                                    std::to_string(tok) + " at index " + std::to_string(i));
+  }
+  e.weights = rd.read_dataset<float>(g, path, "weights", {n});
+  auto f32 = [&](const char* s, int64_t cols) {
+    return rd.has_object(g, s) ? rd.read_dataset<float>(g, path, s, {n, cols}) : std::vector<float>{};
+  };
+  e.gate = f32("gate", c.inter);
+  e.up = f32("up", c.inter);
+  e.h = f32("h", c.inter);
+  if (rd.has_object(g, "h_q8")) {
+    const auto raw = rd.read_dataset<uint8_t>(g, path, "h_q8", {n, c.inter / kQK8_1, kQ8Bytes});
+    e.h_q8.resize(raw.size() / sizeof(BlockQ8_1));
+    std::copy(raw.begin(), raw.end(), reinterpret_cast<uint8_t*>(e.h_q8.data()));
+  }
+  e.down = f32("down", c.dim);
+  return e;
+}
+
+void require_bf16_attr(const h5::Reader& rd, hid_t parent, const std::string& path, const char* name) {
+  h5::Handle ds(H5Dopen2(parent, name, H5P_DEFAULT), H5Dclose);
+  const std::string full = path + "/" + name;
+  const std::string dt = rd.attr_str(ds.get(), full, "dtype");
+  if (dt != "bfloat16") rd.fail(full, "attribute dtype: expected \"bfloat16\", found \"" + dt + "\"");
+}
+
+LayerTaps get_layer(const h5::Reader& rd, hid_t layers, const DumpMeta& m, int32_t L) {
+  const MoeConfig& c = m.config;
+  const int64_t T = m.tokens;
+  const std::string path = "/layers/" + std::to_string(L);
+  h5::Handle g = rd.open_group(layers, "/layers", std::to_string(L));
+  LayerTaps t;
+  t.layer = L;
+  t.tokens = T;
+  t.input = rd.read_dataset<uint16_t>(g.get(), path, "input", {T, c.dim});
+  require_bf16_attr(rd, g.get(), path, "input");
+  t.output = rd.read_dataset<uint16_t>(g.get(), path, "output", {T, c.dim});
+  require_bf16_attr(rd, g.get(), path, "output");
+  t.router_logits = rd.read_dataset<float>(g.get(), path, "router_logits", {T, c.n_routed});
+  t.topk_ids = rd.read_dataset<int32_t>(g.get(), path, "topk_ids", {T, c.topk});
+  for (size_t i = 0; i < t.topk_ids.size(); ++i) {
+    const int32_t id = t.topk_ids[i];
+    if (id < 0 || id >= c.n_routed)
+      rd.fail(path + "/topk_ids", "token " + std::to_string(i / static_cast<size_t>(c.topk)) + ": expert id " +
+                                      std::to_string(id) + " outside [0, " + std::to_string(c.n_routed) + ")");
+  }
+  t.topk_weights = rd.read_dataset<float>(g.get(), path, "topk_weights", {T, c.topk});
+  if (!m.taps) return t;
+  if (rd.has_object(g.get(), "x_q8")) {
+    const auto raw = rd.read_dataset<uint8_t>(g.get(), path, "x_q8", {T, c.dim / kQK8_1, kQ8Bytes});
+    t.x_q8.resize(raw.size() / sizeof(BlockQ8_1));
+    std::copy(raw.begin(), raw.end(), reinterpret_cast<uint8_t*>(t.x_q8.data()));
+  }
+  if (rd.has_object(g.get(), "acc")) t.acc = rd.read_dataset<float>(g.get(), path, "acc", {T, c.dim});
+  h5::Handle ex = rd.open_group(g.get(), path, "experts");
+  std::vector<int32_t> ids;
+  for (const std::string& name : rd.children(ex.get(), path + "/experts")) {
+    char* end = nullptr;
+    const long v = std::strtol(name.c_str(), &end, 10);
+    if (name.empty() || *end != '\0' || v < 0 || v >= c.n_routed)
+      rd.fail(path + "/experts/" + name, "expected a group named by an expert id in [0, " +
+                                             std::to_string(c.n_routed) + ")");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  std::sort(ids.begin(), ids.end());
+  for (int32_t e : ids) {
+    const std::string ep = path + "/experts/" + std::to_string(e);
+    h5::Handle eg = rd.open_group(ex.get(), path + "/experts", std::to_string(e));
+    t.experts.push_back(get_expert(rd, eg.get(), ep, c, T, e));
+  }
+  if (rd.has_object(g.get(), "shared")) {
+    h5::Handle sg = rd.open_group(g.get(), path, "shared");
+    t.shared = get_expert(rd, sg.get(), path + "/shared", c, T, -1);
+  }
+  return t;
+}
+
+DumpMeta get_meta(const h5::Reader& rd) {
+  const hid_t r = rd.root();
+  const std::string p = "/";
+  DumpMeta m;
+  m.format_version = rd.attr_int(r, p, "format_version");
+  if (m.format_version != kDumpFormatVersion)
+    rd.fail(p, "attribute format_version: this tool reads version " + std::to_string(kDumpFormatVersion) +
+                   ", found " + std::to_string(m.format_version));
+  m.tool_version = rd.attr_str(r, p, "tool_version");
+  m.git_commit = rd.attr_str(r, p, "git_commit");
+  m.implementation = rd.attr_str(r, p, "implementation");
+  if (m.implementation != "ref" && m.implementation != "emu" && m.implementation != "cuda")
+    rd.fail(p, "attribute implementation: expected \"ref\", \"emu\" or \"cuda\", found \"" + m.implementation + "\"");
+  m.variant = rd.attr_str(r, p, "variant");
+  m.device = rd.attr_str(r, p, "device");
+  m.model_file = rd.attr_str(r, p, "model_file");
+  m.model_sha256 = rd.attr_str(r, p, "model_sha256");
+  MoeConfig& c = m.config;
+  c.dim = rd.attr_int(r, p, "config.dim");
+  c.inter = rd.attr_int(r, p, "config.inter");
+  c.n_routed = rd.attr_int(r, p, "config.n_routed");
+  c.topk = rd.attr_int(r, p, "config.topk");
+  c.n_shared = rd.attr_int(r, p, "config.n_shared");
+  c.score_func = parse_score_func(rd.attr_str(r, p, "config.score_func"), rd.file() + ": / attribute config.score_func");
+  c.route_scale = rd.attr_f32(r, p, "config.route_scale");
+  c.swiglu_limit = rd.attr_f32(r, p, "config.swiglu_limit");
+  c.gate_temp = rd.attr_f32(r, p, "config.gate_temp");
+  c.norm_topk_prob = rd.attr_int(r, p, "config.norm_topk_prob") != 0;
+  c.validate(rd.file());
+  m.has_model_seed = rd.has_attr(r, "model_seed");
+  if (m.has_model_seed) m.model_seed = rd.attr_uint(r, p, "model_seed");
+  m.input_source = rd.attr_str(r, p, "input_source");
+  m.input_seed = rd.attr_uint(r, p, "input_seed");
+  m.tokens = rd.attr_int(r, p, "tokens");
+  if (m.tokens <= 0 || m.tokens > (int64_t{1} << 24))
+    rd.fail(p, "attribute tokens: expected a positive token count, found " + std::to_string(m.tokens));
+  m.layers = rd.attr_i32_array(r, p, "layers");
+  for (size_t i = 0; i < m.layers.size(); ++i)
+    if (m.layers[i] < 0 || (i > 0 && m.layers[i] <= m.layers[i - 1]))
+      rd.fail(p, "attribute layers: expected ascending non-negative layer ids");
+  m.taps = rd.attr_int(r, p, "taps") != 0;
+  m.routing_weight_at = rd.attr_str(r, p, "routing_weight_at");
+  if (m.routing_weight_at != "h" && m.routing_weight_at != "accumulate")
+    rd.fail(p, "attribute routing_weight_at: expected \"h\" or \"accumulate\", found \"" + m.routing_weight_at + "\"");
+  for (const std::string& name : rd.attr_names(r, p))
+    if (name.rfind("knob.", 0) == 0) m.knobs.emplace_back(name.substr(5), rd.attr_str(r, p, name));
+  return m;
+}
+
+}  // namespace
+
+const std::vector<std::string>& layer_stage_names() {
+  static const std::vector<std::string> k = {"input", "router_logits", "topk_ids", "topk_weights",
+                                             "x_q8", "experts", "shared", "acc", "output"};
+  return k;
+}
+
+const std::vector<std::string>& expert_stage_names() {
+  static const std::vector<std::string> k = {"tokens", "weights", "gate", "up", "h", "h_q8", "down"};
+  return k;
+}
+
+void write_dump(const std::string& path, const Dump& d) {
+  if (d.layers.size() != d.meta.layers.size())
+    throw InputError("dump " + path + ": meta lists " + std::to_string(d.meta.layers.size()) +
+                     " layers, " + std::to_string(d.layers.size()) + " given");
+  for (size_t i = 0; i < d.layers.size(); ++i)
+    if (d.layers[i].layer != d.meta.layers[i])
+      throw InputError("dump " + path + ": layer " + std::to_string(d.layers[i].layer) +
+                       " out of order with meta.layers");
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  try {
+    write_file(tmp, d);
+    std::filesystem::rename(tmp, path);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);
+    throw;
+  }
+}
+
+DumpMeta read_dump_meta(const std::string& path) {
+  h5::Reader rd(path);
+  return get_meta(rd);
+}
+
+Dump read_dump(const std::string& path) {
+  h5::Reader rd(path);
+  Dump d;
+  d.path = path;
+  d.meta = get_meta(rd);
+  h5::Handle layers = rd.open_group(rd.root(), "/", "layers");
+  const std::vector<std::string> names = rd.children(layers.get(), "/layers");
+  if (names.size() != d.meta.layers.size())
+    rd.fail("/layers", "root attribute layers lists " + std::to_string(d.meta.layers.size()) +
+                           " layers, the file holds " + std::to_string(names.size()) + " groups");
+  for (int32_t L : d.meta.layers) d.layers.push_back(get_layer(rd, layers.get(), d.meta, L));
+  return d;
+}
+
+}  // namespace moecheck

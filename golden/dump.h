@@ -1,0 +1,68 @@
+// HDF5 tensor dumps of layer forwards: what `moecheck run` writes, `moecheck diff` compares and
+// golden/data/ holds. Self-describing (format version, tool version and git commit,
+// implementation and knobs, device, model file and SHA-256, config, seeds), one group per layer
+// with the stages of emulate/taps.h. Written to a temporary name and renamed; read back with
+// every object validated. Contract: docs/golden-format.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "emulate/config.h"
+#include "emulate/taps.h"
+
+namespace moecheck {
+
+inline constexpr int64_t kDumpFormatVersion = 1;
+
+struct DumpMeta {
+  int64_t format_version = kDumpFormatVersion;
+  std::string tool_version;      // MOECHECK_VERSION
+  std::string git_commit;        // configure-time `git describe`, "unknown" outside a checkout
+  std::string implementation;    // "ref" | "emu" | "cuda"
+  std::string variant;           // one line, e.g. "router=staged warps=8 shared_side=on"
+  // Every knob of the implementation, written as root attributes "knob.<name>" (strings).
+  std::vector<std::pair<std::string, std::string>> knobs;
+  std::string device;            // "cpu" or the GPU's name
+  std::string model_file;        // base name of the GGUF file
+  std::string model_sha256;      // hex SHA-256 of the whole GGUF file
+  MoeConfig config;
+  bool has_model_seed = false;   // the GGUF carried the generator's seed key
+  uint64_t model_seed = 0;
+  std::string input_source;      // "seed", "seed+chain", "dump:<file name>"
+  uint64_t input_seed = 0;       // meaningful when input_source starts with "seed"
+  int64_t tokens = 0;
+  std::vector<int32_t> layers;   // ascending order of the /layers groups
+  bool taps = false;             // every stage present (--taps), else the five basic datasets
+  // Where the routing weight multiplies an expert's result: "h" (model.py: weights * h before
+  // w2, so the h and down taps are weighted; the reference) or "accumulate" (the emulation and
+  // the kernels: h and down unweighted, acc += w * down). Root attribute routing_weight_at.
+  std::string routing_weight_at = "accumulate";
+};
+
+struct Dump {
+  std::string path;              // where it was read from (messages)
+  DumpMeta meta;
+  std::vector<LayerTaps> layers; // matches meta.layers
+};
+
+// Writes `path` atomically (temporary "<path>.tmp-<pid>" in the same directory, then rename; the
+// temporary is removed on any error). Checks the layers' shapes against meta.config first and
+// throws InputError naming the layer and stage on a mismatch.
+void write_dump(const std::string& path, const Dump& d);
+
+// Reads and validates a whole dump. Every problem (missing group, dataset or attribute, wrong
+// element type, wrong shape, ids out of range) is an InputError naming the file and object path.
+Dump read_dump(const std::string& path);
+
+// Only the root attributes (cheap: inspect, diff's compatibility check).
+DumpMeta read_dump_meta(const std::string& path);
+
+// Stage names in pipeline order, as datasets are named under /layers/<L>/ (experts/<E>/ and
+// shared/ for the per-expert stages).
+const std::vector<std::string>& layer_stage_names();
+const std::vector<std::string>& expert_stage_names();
+
+}  // namespace moecheck

@@ -1,0 +1,127 @@
+// Comparison of two tensor dumps (golden/dump.h), layer by layer and stage by stage: max abs,
+// max rel, max ULP (bf16 ULPs for bf16 stages, f32 ULPs for f32 ones), NMSE against A's energy,
+// out-of-tolerance counts and the first mismatches located down to the K-quant super-block and
+// sub-block; routing compared as sets with each flip's score margin. What `moecheck diff`,
+// `moecheck check` and `moecheck golden verify` report. Contract: docs/cli.md "diff".
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "golden/dump.h"
+
+namespace moecheck {
+
+enum class ToleranceMode {
+  kExact,   // bit for bit (q8_1 blocks byte for byte)
+  kUlp,     // |ulp(a) - ulp(b)| <= ulp, in the stage's own format
+  kAbsRel,  // |a - b| <= atol + rtol * |a|  (A is the expected side, as numpy.isclose)
+  kNmse,    // the stage passes when sum (a-b)^2 / sum a^2 <= nmse; no per-element rule
+};
+
+struct Tolerance {
+  ToleranceMode mode = ToleranceMode::kExact;
+  uint64_t ulp = 0;
+  double rtol = 0;
+  double atol = 0;
+  double nmse = 0;
+  bool nan_equal = false;  // NaN equals NaN (never equals a number); off: NaN equals nothing
+
+  std::string describe() const;
+};
+
+// One located mismatch.
+struct Mismatch {
+  int layer = 0;
+  std::string stage;     // "output", "experts.gate", "shared.h_q8", ...
+  int64_t token = -1;    // -1: not token-indexed
+  int32_t expert = -1;   // routed expert id; -1 none (shared stages say "shared" in stage)
+  int64_t index = 0;     // column (element within the token's row) or q8_1 block
+  double a = 0, b = 0;   // values (q8_1: the differing byte)
+  uint32_t a_bits = 0, b_bits = 0;
+  uint64_t ulp = 0;
+  std::string where;     // the weight row / q8_1 block / super-block and sub-block it maps to
+};
+
+struct StageDiff {
+  std::string stage;
+  std::string dtype;          // "bfloat16", "float32", "int32", "block_q8_1"
+  std::string status;         // "" compared; "only in A", "only in B", "absent"
+  int64_t compared = 0;       // elements compared
+  int64_t skipped_tokens = 0; // token rows left out because the token's routing differs
+  double max_abs = 0;
+  double max_rel = 0;
+  uint64_t max_ulp = 0;
+  double sum_sq_a = 0;
+  double sum_sq_diff = 0;
+  double nmse = 0;            // sum_sq_diff / sum_sq_a (0 when both are 0, +inf when only A's is 0)
+  int64_t nan_mismatch = 0;   // elements where either side is NaN and they do not count as equal
+  int64_t out_of_tol = 0;     // elements outside the tolerance (kNmse: elements not bit-equal)
+  bool pass = true;
+  std::string note;           // e.g. "B scaled by its routing weight"
+  std::vector<Mismatch> first;  // up to kMaxMismatches, in storage order
+};
+
+struct RoutingFlip {
+  int64_t token = 0;
+  std::vector<int32_t> only_a, only_b;  // experts picked by one side only
+  // Key of the k-th pick minus the key of the (k+1)-th candidate, on each side's own logits.
+  double margin_a = 0, margin_b = 0;
+};
+
+struct RoutingDiff {
+  std::string margin_kind;     // "key (score + bias)" with a model, "logit" without
+  int64_t tokens_differ = 0;
+  int64_t flips = 0;           // sum over tokens of |only_a|
+  std::vector<RoutingFlip> flip_list;
+  std::vector<int64_t> hist_a, hist_b;  // tokens per expert
+};
+
+struct LayerDiff {
+  int layer = 0;
+  RoutingDiff routing;
+  std::vector<StageDiff> stages;  // pipeline order
+  bool pass = true;
+  std::string first_failing;      // first stage in pipeline order that failed ("routing" possible)
+};
+
+struct DiffReport {
+  std::string a_path, b_path;
+  Tolerance tolerance;
+  std::vector<LayerDiff> layers;
+  bool same = true;
+  std::string note;  // e.g. which stages were not compared and why
+};
+
+inline constexpr size_t kMaxMismatches = 10;
+
+struct DiffOptions {
+  Tolerance tolerance;
+  // Per-stage overrides (keys as StageDiff::stage), e.g. check's NMSE bound per stage.
+  std::map<std::string, Tolerance> stage_tolerance;
+  // Router bias of layer L (f32 [n_routed]) for key margins; empty: logit margins.
+  std::function<const float*(int layer)> bias;
+  // Stages left out of the verdict (still measured), e.g. "x_q8" between ref and emu.
+  std::vector<std::string> informational;
+};
+
+// Throws InputError (naming both files and the field) when the dumps cannot be compared:
+// different model SHA-256, config, token count or layer list.
+void check_comparable(const DumpMeta& a, const std::string& a_path, const DumpMeta& b,
+                      const std::string& b_path);
+
+DiffReport diff_dumps(const Dump& a, const Dump& b, const DiffOptions& o);
+
+// Accepts routing flips that the router-logit difference explains: when every flipped token's
+// margins (both sides) are <= 2 * max |logit difference| (/ gate_temp for key margins), topk_ids
+// passes and the layer is re-judged. Returns the number of explained flips.
+int64_t explain_flips(LayerDiff& l, double gate_temp);
+
+// Text "ulp" distance of two f32 / bf16 bit patterns on the ordered integer line (+0 = -0).
+uint64_t ulp_distance_f32(uint32_t a, uint32_t b);
+uint64_t ulp_distance_bf16(uint16_t a, uint16_t b);
+
+}  // namespace moecheck

@@ -1,0 +1,277 @@
+// Dump comparison (golden/dump_diff.h, docs/cli.md "diff") on synthetic dumps: ULP distances,
+// every tolerance mode on a known perturbation, located mismatches (layer, stage, token,
+// expert, column, q8_1 block / K-quant super-block and sub-block), NaN rules, routing flips
+// with their margins, and the refusal of incomparable dumps.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "dump_test_util.h"
+#include "emulate/error.h"
+#include "golden/dump_diff.h"
+
+namespace moecheck {
+namespace {
+
+using testing::make_dump;
+using testing::small_config;
+
+const StageDiff& stage(const LayerDiff& l, const std::string& name) {
+  for (const StageDiff& s : l.stages)
+    if (s.stage == name) return s;
+  throw std::runtime_error("no stage " + name);
+}
+
+DiffOptions with(Tolerance t) {
+  DiffOptions o;
+  o.tolerance = t;
+  return o;
+}
+
+TEST(UlpDistance, KnownPatterns) {
+  EXPECT_EQ(ulp_distance_f32(f32_bits(1.0f), f32_bits(std::nextafter(1.0f, 2.0f))), 1u);
+  EXPECT_EQ(ulp_distance_f32(0x00000000u, 0x80000000u), 0u);  // +0 and -0
+  EXPECT_EQ(ulp_distance_f32(0x00000001u, 0x80000001u), 2u);  // across zero
+  EXPECT_EQ(ulp_distance_f32(f32_bits(1.0f), f32_bits(-1.0f)), 2u * 0x3F800000u);
+  EXPECT_EQ(ulp_distance_bf16(0x3F80, 0x3F81), 1u);
+  EXPECT_EQ(ulp_distance_bf16(0x0000, 0x8000), 0u);
+  EXPECT_EQ(ulp_distance_bf16(0x0001, 0x8001), 2u);
+}
+
+TEST(DumpDiff, IdenticalDumpsAreSameEveryStageCompared_T4_E8_K2_dim256) {
+  const Dump a = make_dump(small_config(), 4, {0, 1}, 3, true);
+  const DiffReport r = diff_dumps(a, a, DiffOptions{});
+  EXPECT_TRUE(r.same);
+  ASSERT_EQ(r.layers.size(), 2u);
+  for (const StageDiff& s : r.layers[0].stages) {
+    if (s.stage == "shared.h_q8") {
+      EXPECT_EQ(s.status, "absent");  // the synthetic shared expert has no q8_1 blocks
+      continue;
+    }
+    EXPECT_TRUE(s.status.empty()) << s.stage;
+    EXPECT_GT(s.compared, 0) << s.stage;
+    EXPECT_EQ(s.out_of_tol, 0) << s.stage;
+  }
+}
+
+TEST(DumpDiff, OneBitInOutputIsLocatedAndJudgedPerMode_T4_E8_K2_dim256) {
+  const Dump a = make_dump(small_config(), 4, {0, 2}, 5, true);
+  Dump b = a;
+  const int64_t t = 1, col = 37;
+  uint16_t& v = b.layers[1].output[static_cast<size_t>(t * 256 + col)];
+  v = static_cast<uint16_t>(v ^ 1u);  // one bf16 ulp
+  const DiffReport r = diff_dumps(a, b, DiffOptions{});
+  EXPECT_FALSE(r.same);
+  EXPECT_TRUE(r.layers[0].pass);
+  const LayerDiff& l = r.layers[1];
+  EXPECT_EQ(l.first_failing, "output");
+  const StageDiff& s = stage(l, "output");
+  EXPECT_EQ(s.out_of_tol, 1);
+  ASSERT_EQ(s.first.size(), 1u);
+  EXPECT_EQ(s.first[0].layer, 2);
+  EXPECT_EQ(s.first[0].token, t);
+  EXPECT_EQ(s.first[0].index, col);
+  EXPECT_EQ(s.first[0].ulp, 1u);
+  EXPECT_EQ(s.max_ulp, 1u);
+
+  Tolerance ulp1;
+  ulp1.mode = ToleranceMode::kUlp;
+  ulp1.ulp = 1;
+  EXPECT_TRUE(diff_dumps(a, b, with(ulp1)).same);
+  // One bf16 ulp is at most 2^-7 relative (|value| in [2^e, 2^(e+1)) has ulp 2^(e-7)).
+  Tolerance rel;
+  rel.mode = ToleranceMode::kAbsRel;
+  rel.rtol = 1.0 / 128.0;
+  EXPECT_TRUE(diff_dumps(a, b, with(rel)).same);
+  rel.rtol = 1.0 / 1024.0;  // below 2^-8, the smallest relative size of one bf16 ulp
+  EXPECT_FALSE(diff_dumps(a, b, with(rel)).same);
+}
+
+TEST(DumpDiff, ExpertDownMismatchNamesExpertTokenAndWeightRow_T4_E8_K2_dim256) {
+  const Dump a = make_dump(small_config(), 4, {0}, 7, true);
+  Dump b = a;
+  ExpertTaps& e = b.layers[0].experts[2];
+  ASSERT_GE(e.tokens.size(), 2u);
+  const int64_t row = 1, col = 100;
+  e.down[static_cast<size_t>(row * 256 + col)] += 0.5f;
+  const DiffReport r = diff_dumps(a, b, DiffOptions{});
+  const LayerDiff& l = r.layers[0];
+  EXPECT_EQ(l.first_failing, "experts.down");
+  const StageDiff& s = stage(l, "experts.down");
+  ASSERT_EQ(s.first.size(), 1u);
+  EXPECT_EQ(s.first[0].expert, e.expert);
+  EXPECT_EQ(s.first[0].token, e.tokens[row]);
+  EXPECT_EQ(s.first[0].index, col);
+  EXPECT_NE(s.first[0].where.find("weight row 100 of ffn_down_exps[" + std::to_string(e.expert) + "] (Q3_K blocks 0..0)"),
+            std::string::npos) << s.first[0].where;
+  // Later stages are still measured: the output is untouched in this synthetic dump.
+  EXPECT_TRUE(stage(l, "output").pass);
+}
+
+TEST(DumpDiff, InputDimensionElementsNameQ8BlockSuperBlockAndSubBlock_T2_E8_K2_inter512) {
+  MoeConfig c = small_config();
+  c.inter = 512;
+  const Dump a = make_dump(c, 2, {0}, 9, true);
+  Dump b = a;
+  ExpertTaps& e = b.layers[0].experts[0];
+  const int64_t k = 300;  // q8_1 block 9, super-block 1, sub-block (300 % 256) / 16 = 2
+  e.h[static_cast<size_t>(k)] = -e.h[static_cast<size_t>(k)] - 1.0f;
+  reinterpret_cast<uint8_t*>(&e.h_q8[9])[7] ^= 0x10;  // block 9 of token row 0, byte 7 = qs[3]
+  const DiffReport r = diff_dumps(a, b, DiffOptions{});
+  const LayerDiff& l = r.layers[0];
+  const StageDiff& h = stage(l, "experts.h");
+  ASSERT_EQ(h.first.size(), 1u);
+  EXPECT_NE(h.first[0].where.find("h element 300: q8_1 block 9, super-block 1 sub-block 2"), std::string::npos)
+      << h.first[0].where;
+  const StageDiff& q = stage(l, "experts.h_q8");
+  ASSERT_EQ(q.first.size(), 1u);
+  EXPECT_EQ(q.first[0].index, 9);
+  EXPECT_NE(q.first[0].where.find("q8_1 block 9 (elements 288..319), super-block 1 sub-blocks 2-3"), std::string::npos)
+      << q.first[0].where;
+  EXPECT_NE(q.first[0].where.find("byte 7 (qs[3])"), std::string::npos) << q.first[0].where;
+  EXPECT_EQ(l.first_failing, "experts.h");
+}
+
+TEST(DumpDiff, NaNEqualsNothingUnlessAsked_T2_E8_K2_dim256) {
+  Dump a = make_dump(small_config(), 2, {0}, 4, true);
+  a.layers[0].acc[3] = std::numeric_limits<float>::quiet_NaN();
+  const Dump b = a;
+  const DiffReport r = diff_dumps(a, b, DiffOptions{});
+  EXPECT_FALSE(r.same);
+  EXPECT_EQ(stage(r.layers[0], "acc").nan_mismatch, 1);
+  DiffOptions o;
+  o.tolerance.nan_equal = true;
+  EXPECT_TRUE(diff_dumps(a, b, o).same);
+}
+
+TEST(DumpDiff, NmseIsAgainstAsEnergy_T3_E8_K2_dim256) {
+  const Dump a = make_dump(small_config(), 3, {0}, 6, true);
+  Dump b = a;
+  // b = a (1 + 1e-3) elementwise: NMSE = 1e-6 up to f32 rounding of the products (relative
+  // 2^-24 on a difference of relative size 1e-3: a 1.7e-5 relative change of the NMSE).
+  for (float& v : b.layers[0].acc) v = v * 1.001f;
+  Tolerance t;
+  t.mode = ToleranceMode::kNmse;
+  t.nmse = 1.01e-6;
+  const DiffReport r = diff_dumps(a, b, with(t));
+  const StageDiff& s = stage(r.layers[0], "acc");
+  EXPECT_NEAR(s.nmse, 1e-6, 1e-8);
+  EXPECT_TRUE(s.pass);
+  t.nmse = 0.99e-6;
+  EXPECT_FALSE(stage(diff_dumps(a, b, with(t)).layers[0], "acc").pass);
+}
+
+TEST(DumpDiff, RoutingFlipCountedWithMarginsAndItsTokenLeftOut_T3_E8_K2_dim256) {
+  const MoeConfig c = small_config();  // picks of token t: t, t+1; logits 2, 1 there, -10 elsewhere
+  const Dump a = make_dump(c, 3, {0}, 8, true);
+  Dump b = a;
+  LayerTaps& lb = b.layers[0];
+  // Token 0 picks {0, 5} in B instead of {0, 1}.
+  lb.topk_ids[1] = 5;
+  lb.router_logits[1] = -10.0f;
+  lb.router_logits[5] = 1.0f;
+  const DiffReport r = diff_dumps(a, b, DiffOptions{});
+  const LayerDiff& l = r.layers[0];
+  EXPECT_EQ(l.routing.tokens_differ, 1);
+  EXPECT_EQ(l.routing.flips, 1);
+  ASSERT_EQ(l.routing.flip_list.size(), 1u);
+  const RoutingFlip& f = l.routing.flip_list[0];
+  EXPECT_EQ(f.token, 0);
+  EXPECT_EQ(f.only_a, std::vector<int32_t>{1});
+  EXPECT_EQ(f.only_b, std::vector<int32_t>{5});
+  EXPECT_EQ(l.routing.margin_kind, "logit");
+  EXPECT_EQ(f.margin_a, 11.0);  // k-th logit 1 minus the (k+1)-th, -10: exact in f32
+  EXPECT_EQ(f.margin_b, 11.0);
+  EXPECT_EQ(l.first_failing, "router_logits");
+  EXPECT_EQ(stage(l, "topk_ids").out_of_tol, 1);
+  EXPECT_EQ(stage(l, "output").skipped_tokens, 1);
+  EXPECT_TRUE(stage(l, "output").pass);  // the other tokens agree
+  EXPECT_GT(stage(l, "experts.gate").skipped_tokens, 0);
+
+  // With the router bias (zero here) margins are keys: sqrtsoftplus(1) - sqrtsoftplus(-10).
+  std::vector<float> bias(static_cast<size_t>(c.n_routed), 0.0f);
+  DiffOptions o;
+  o.bias = [&](int) { return bias.data(); };
+  const DiffReport k = diff_dumps(a, b, o);
+  const double want = std::sqrt(std::log1p(std::exp(1.0))) - std::sqrt(std::log1p(std::exp(-10.0)));
+  EXPECT_EQ(k.layers[0].routing.margin_kind, "key (score + bias)");
+  EXPECT_NEAR(k.layers[0].routing.flip_list[0].margin_a, want, 1e-6);  // f32 scores: ~2^-23 relative
+}
+
+TEST(DumpDiff, FlipsWithinTheLogitDifferenceAreExplained_T3_E8_K2_dim256) {
+  const MoeConfig c = small_config();
+  Dump a = make_dump(c, 3, {0}, 8, true);
+  // Token 0: A has expert 1 at logit 1 and expert 5 one f32 ulp below; B has them swapped, so
+  // B picks 5 instead of 1. Max |logit difference| = 1 - nextafter(1, 0) = 2^-24; both margins
+  // are 2^-24 <= 2 * 2^-24: explained. A margin of 11 (the test above) is not.
+  const float below = std::nextafter(1.0f, 0.0f);
+  a.layers[0].router_logits[5] = below;
+  Dump b = a;
+  LayerTaps& lb = b.layers[0];
+  lb.topk_ids[1] = 5;
+  lb.router_logits[1] = below;
+  lb.router_logits[5] = 1.0f;
+  DiffReport r = diff_dumps(a, b, DiffOptions{});
+  LayerDiff& l = r.layers[0];
+  ASSERT_EQ(l.routing.flips, 1);
+  EXPECT_EQ(l.routing.flip_list[0].margin_a, 1.0 - double(below));
+  EXPECT_FALSE(l.pass);
+  // router_logits differ too (by 2^-24); judge it by NMSE so only the flip is in question.
+  DiffOptions o;
+  o.stage_tolerance["router_logits"].mode = ToleranceMode::kNmse;
+  o.stage_tolerance["router_logits"].nmse = 1e-12;
+  r = diff_dumps(a, b, o);
+  EXPECT_EQ(r.layers[0].first_failing, "topk_ids");
+  EXPECT_EQ(explain_flips(r.layers[0], c.gate_temp), 1);
+  EXPECT_TRUE(r.layers[0].pass) << r.layers[0].first_failing;
+  // Same logits on both sides but different picks (a routing bug, not rounding): max |logit
+  // difference| 0, each side's margin is 2^-24 > 2 * 0: not explained.
+  Dump b2 = a;
+  b2.layers[0].topk_ids[1] = 5;
+  DiffReport r2 = diff_dumps(a, b2, o);
+  EXPECT_EQ(explain_flips(r2.layers[0], c.gate_temp), 0);
+  EXPECT_FALSE(r2.layers[0].pass);
+  EXPECT_EQ(r2.layers[0].first_failing, "topk_ids");
+}
+
+TEST(DumpDiff, ModelPyWeightedTapsCompareWithAccumulateWeightedOnes_T4_E8_K2_dim256) {
+  const Dump b = make_dump(small_config(), 4, {0}, 12, true, "emu");
+  Dump a = b;
+  a.meta.implementation = "ref";
+  a.meta.routing_weight_at = "h";
+  for (ExpertTaps& e : a.layers[0].experts)
+    for (size_t r = 0; r < e.tokens.size(); ++r) {
+      for (size_t j = 0; j < 256; ++j) e.h[r * 256 + j] = e.weights[r] * e.h[r * 256 + j];
+      for (size_t j = 0; j < 256; ++j) e.down[r * 256 + j] = e.weights[r] * e.down[r * 256 + j];
+    }
+  const DiffReport r = diff_dumps(a, b, DiffOptions{});
+  EXPECT_TRUE(stage(r.layers[0], "experts.h").pass);
+  EXPECT_TRUE(stage(r.layers[0], "experts.down").pass);
+  EXPECT_FALSE(stage(r.layers[0], "experts.down").note.empty());
+}
+
+TEST(DumpDiff, IncomparableDumpsAreRefusedWithTheField) {
+  const Dump a = make_dump(small_config(), 2, {0}, 1, false);
+  auto refused = [&](const Dump& b, const std::string& needle) {
+    try {
+      diff_dumps(a, b, DiffOptions{});
+      ADD_FAILURE() << "expected InputError mentioning " << needle;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  Dump b = a;
+  b.meta.model_sha256 = std::string(64, 'b');
+  refused(b, "different model files (attribute model_sha256)");
+  b = a;
+  b.meta.config.route_scale = 2.5f;
+  refused(b, "config.route_scale is 1.5 vs 2.5");
+  b = make_dump(small_config(), 3, {0}, 1, false);
+  refused(b, "different token counts");
+  b = make_dump(small_config(), 2, {0, 1}, 1, false);
+  refused(b, "different layer lists (attribute layers): [0] vs [0,1]");
+}
+
+}  // namespace
+}  // namespace moecheck

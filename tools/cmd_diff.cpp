@@ -1,0 +1,103 @@
+// `moecheck diff A.h5 B.h5`: stage-by-stage comparison of two dumps under one tolerance.
+// Contract: docs/cli.md "diff".
+#include <cstdio>
+#include <memory>
+
+#include "emulate/error.h"
+#include "golden/dump_diff.h"
+#include "tools/commands.h"
+#include "tools/report.h"
+#include "tools/runner.h"
+
+namespace moecheck::cli {
+namespace {
+
+struct DiffArgs {
+  std::string a, b;
+  bool exact = false;
+  uint64_t ulp = 0;
+  double rtol = 0, atol = 0, nmse = 0;
+  bool nan_equal = false;
+  bool json = false;
+  std::string model;
+};
+
+struct Given {
+  CLI::Option *ulp, *rtol, *atol, *nmse;
+};
+
+int run_diff(const DiffArgs& a, const Given& g) {
+  Tolerance t;
+  int modes = (a.exact ? 1 : 0) + (g.ulp->count() ? 1 : 0) + (g.rtol->count() || g.atol->count() ? 1 : 0) +
+              (g.nmse->count() ? 1 : 0);
+  if (modes > 1) throw InputError("choose one of --exact, --ulp, --rtol/--atol, --nmse");
+  if (g.ulp->count()) {
+    t.mode = ToleranceMode::kUlp;
+    t.ulp = a.ulp;
+  } else if (g.rtol->count() || g.atol->count()) {
+    t.mode = ToleranceMode::kAbsRel;
+    t.rtol = a.rtol;
+    t.atol = a.atol;
+  } else if (g.nmse->count()) {
+    t.mode = ToleranceMode::kNmse;
+    t.nmse = a.nmse;
+  }
+  t.nan_equal = a.nan_equal;
+  const Dump A = read_dump(a.a);
+  const Dump B = read_dump(a.b);
+  DiffOptions o;
+  o.tolerance = t;
+  std::unique_ptr<LoadedModel> m;
+  std::vector<std::vector<float>> bias;
+  if (!a.model.empty()) {
+    m = std::make_unique<LoadedModel>(load_model(a.model));
+    if (m->sha256 != A.meta.model_sha256)
+      throw InputError(a.model + ": --model is not the model of " + a.a + " (sha256 " + m->sha256 + ", the dump records " +
+                       A.meta.model_sha256 + ")");
+    bias.resize(static_cast<size_t>(m->file.n_layers()));
+    for (int L : A.meta.layers) {
+      const LayerWeights w = m->file.layer(L);
+      bias[L].assign(w.bias, w.bias + w.config.n_routed);
+    }
+    o.bias = [&bias](int L) { return bias[static_cast<size_t>(L)].data(); };
+  }
+  const DiffReport r = diff_dumps(A, B, o);
+  if (a.json) {
+    Json j;
+    diff_json(j, r);
+    std::printf("%s\n", j.str().c_str());
+  } else {
+    std::printf("%s", diff_text(r).c_str());
+  }
+  return r.same ? kExitSame : kExitDiffers;
+}
+
+}  // namespace
+
+void add_diff(CLI::App& app, int& rc) {
+  auto a = std::make_shared<DiffArgs>();
+  CLI::App* s = app.add_subcommand("diff", "Compare two dumps layer by layer and stage by stage");
+  s->footer("Examples:\n"
+            "  moecheck diff emu.h5 cuda.h5                 # bit for bit (the default, = --exact)\n"
+            "  moecheck diff ref.h5 emu.h5 --nmse 1e-3 --model tiny.gguf\n"
+            "  moecheck diff a.h5 b.h5 --rtol 1e-2 --atol 1e-4 --json\n"
+            "Rules: |a-b| <= atol + rtol*|a| (A is the expected side); NMSE = sum (a-b)^2 / sum a^2 (A's energy);\n"
+            "ULPs in the stage's own format (bf16 or f32); NaN equals nothing unless --nan-equal; routing\n"
+            "compared as sets, expert stages only on tokens whose routing agrees.\n"
+            "Exit codes: 0 same (within the tolerance), 1 differs, 2 error (unreadable file, or dumps of\n"
+            "different models, configs, token counts or layer lists).");
+  s->add_option("A", a->a, "first dump (the expected side)")->required();
+  s->add_option("B", a->b, "second dump")->required();
+  s->add_flag("--exact", a->exact, "bit for bit (default)");
+  Given g;
+  g.ulp = s->add_option("--ulp", a->ulp, "at most N ULPs apart (bf16 ULPs for bf16 stages, f32 for f32)");
+  g.rtol = s->add_option("--rtol", a->rtol, "relative tolerance (with --atol)");
+  g.atol = s->add_option("--atol", a->atol, "absolute tolerance (with --rtol)");
+  g.nmse = s->add_option("--nmse", a->nmse, "per-stage NMSE bound");
+  s->add_flag("--nan-equal", a->nan_equal, "NaN equals NaN");
+  s->add_option("--model", a->model, "the dumps' model: routing margins in keys (score + bias) instead of logits");
+  s->add_flag("--json", a->json, "machine-readable output");
+  s->callback([a, g, &rc] { rc = run_diff(*a, g); });
+}
+
+}  // namespace moecheck::cli

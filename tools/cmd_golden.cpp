@@ -1,0 +1,137 @@
+// `moecheck golden verify|update`: the committed golden set (golden/data/). verify regenerates
+// each model from its seeds, checks the GGUF's SHA-256 against the manifest, reruns ref and emu
+// and compares with the committed dumps: emu bit for bit, ref within golden_tolerance("ref").
+// update rewrites the dumps and the manifest. Contract: docs/golden-format.md "Golden set".
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "emulate/error.h"
+#include "golden/generator.h"
+#include "golden/golden_set.h"
+#include "golden/sha256.h"
+#include "tools/commands.h"
+#include "tools/progress.h"
+#include "tools/report.h"
+#include "tools/runner.h"
+
+#ifndef MOECHECK_GOLDEN_DIR
+#define MOECHECK_GOLDEN_DIR "golden/data"
+#endif
+
+namespace moecheck::cli {
+namespace {
+
+struct GoldenArgs {
+  std::string data = MOECHECK_GOLDEN_DIR;
+  bool json = false;
+};
+
+RunSpec golden_spec(const GoldenModel& g, Impl impl) {
+  RunSpec s;
+  s.impl = impl;
+  s.tokens = g.tokens;
+  s.input.seed = g.input_seed;
+  s.taps = true;
+  return s;  // default knobs: ref precision model; emu router staged, 8 warps
+}
+
+LoadedModel regenerate(const GoldenModel& g, const TempDir& tmp) {
+  GenOptions o = preset_options(g.preset);
+  o.n_layers = g.layers;
+  o.seed = g.seed;
+  o.validate();
+  const std::string path = tmp.path() + "/" + g.name + ".gguf";
+  write_model(o, path);
+  return load_model(path);
+}
+
+int golden_verify(const GoldenArgs& a) {
+  const std::string manifest_path = a.data + "/" + kGoldenManifestName;
+  const GoldenManifest man = read_manifest(manifest_path);
+  for (const char* impl : kGoldenImpls) {
+    std::string why;
+    if (!impl_available(parse_impl(impl, "golden"), &why)) throw InputError(why);
+  }
+  bool same = true;
+  Json j;
+  if (a.json) j.begin_object().kv("data", a.data).key("results").begin_array();
+  Progress p("golden verify", static_cast<int64_t>(man.models.size() * 2), !a.json);
+  for (const GoldenModel& g : man.models) {
+    TempDir tmp;
+    const LoadedModel m = regenerate(g, tmp);
+    if (m.sha256 != g.gguf_sha256) {
+      same = false;
+      const std::string msg = "generator changed: regenerated " + g.name + ".gguf has sha256 " + m.sha256 + ", " +
+                              manifest_path + " records " + g.gguf_sha256;
+      if (a.json) j.begin_object().kv("model", g.name).kv("same", false).kv("error", msg).end_object();
+      else std::printf("%s: FAIL %s\n", g.name.c_str(), msg.c_str());
+      continue;
+    }
+    for (const char* impl : kGoldenImpls) {
+      const Dump golden = read_dump(a.data + "/" + golden_dump_name(g, impl));
+      Dump fresh = run_layers(m, golden_spec(g, parse_impl(impl, "golden")), nullptr);
+      fresh.path = "regenerated " + std::string(impl);
+      DiffOptions o;
+      o.tolerance = golden_tolerance(impl);
+      const DiffReport r = diff_dumps(golden, fresh, o);
+      same = same && r.same;
+      p.step(g.name + " " + impl);
+      if (a.json) {
+        j.begin_object().kv("model", g.name).kv("impl", impl).kv("same", r.same).key("report");
+        diff_json(j, r);
+        j.end_object();
+        continue;
+      }
+      std::printf("%s %s: %s (%s, %zu layer(s) x %lld token(s))\n", g.name.c_str(), impl, r.same ? "same" : "DIFFERS",
+                  o.tolerance.describe().c_str(), r.layers.size(), static_cast<long long>(g.tokens));
+      if (!r.same) std::printf("%s", diff_text(r).c_str());
+    }
+  }
+  if (a.json) {
+    j.end_array().kv("same", same).end_object();
+    std::printf("%s\n", j.str().c_str());
+  } else {
+    std::printf("golden set %s: %s\n", a.data.c_str(), same ? "verified" : "DIFFERS");
+  }
+  return same ? kExitSame : kExitDiffers;
+}
+
+int golden_update(const GoldenArgs& a) {
+  std::filesystem::create_directories(a.data);
+  const std::string manifest_path = a.data + "/" + kGoldenManifestName;
+  GoldenManifest man = std::filesystem::exists(manifest_path) ? read_manifest(manifest_path) : default_manifest();
+  for (GoldenModel& g : man.models) {
+    TempDir tmp;
+    const LoadedModel m = regenerate(g, tmp);
+    g.gguf_sha256 = m.sha256;
+    for (const char* impl : kGoldenImpls) {
+      const std::string out = a.data + "/" + golden_dump_name(g, impl);
+      write_dump(out, run_layers(m, golden_spec(g, parse_impl(impl, "golden")), nullptr));
+      std::printf("wrote %s (%lld bytes)\n", out.c_str(), static_cast<long long>(std::filesystem::file_size(out)));
+    }
+  }
+  write_manifest(manifest_path, man);
+  std::printf("wrote %s\n", manifest_path.c_str());
+  return kExitSame;
+}
+
+}  // namespace
+
+void add_golden(CLI::App& app, int& rc) {
+  auto a = std::make_shared<GoldenArgs>();
+  CLI::App* s = app.add_subcommand("golden", "Verify or update the committed golden set (golden/data/)");
+  s->require_subcommand(1);
+  s->footer("Examples:\n  moecheck golden verify\n  moecheck golden update --data golden/data\n"
+            "verify: emu dumps bit for bit, ref dumps within |a-b| <= 1e-4 + 2^-7 |a|, model SHA-256 as recorded.\n"
+            "Exit codes: 0 verified / written, 1 differs, 2 error.");
+  CLI::App* v = s->add_subcommand("verify", "Regenerate and compare with the committed dumps");
+  v->add_option("--data", a->data, "golden set directory")->capture_default_str();
+  v->add_flag("--json", a->json, "machine-readable output");
+  v->callback([a, &rc] { rc = golden_verify(*a); });
+  CLI::App* u = s->add_subcommand("update", "Regenerate the dumps and the manifest's SHA-256");
+  u->add_option("--data", a->data, "golden set directory")->capture_default_str();
+  u->callback([a, &rc] { rc = golden_update(*a); });
+}
+
+}  // namespace moecheck::cli

@@ -1,0 +1,172 @@
+// `moecheck inspect FILE`: a GGUF model (metadata, tensors, types, shapes, the config) or an
+// HDF5 dump (root attributes, layers, stages and their shapes), validated as it is read.
+// Contract: docs/cli.md "inspect".
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "emulate/error.h"
+#include "golden/dump.h"
+#include "golden/dump_hdf5.h"
+#include "golden/gguf.h"
+#include "golden/model_file.h"
+#include "tools/commands.h"
+#include "tools/json.h"
+
+namespace moecheck::cli {
+namespace {
+
+struct InspectArgs {
+  std::string file;
+  bool json = false;
+};
+
+std::string shape(std::initializer_list<int64_t> d) {
+  std::string s = "[";
+  for (int64_t x : d) s += (s.size() > 1 ? ", " : "") + std::to_string(x);
+  return s + "]";
+}
+
+void config_lines(const MoeConfig& c, Json* j) {
+  if (j != nullptr) {
+    j->key("config").begin_object().kv("dim", c.dim).kv("inter", c.inter).kv("n_routed", c.n_routed).kv("topk", c.topk);
+    j->kv("n_shared", c.n_shared).kv("score_func", to_string(c.score_func)).kv("route_scale", double(c.route_scale));
+    j->kv("swiglu_limit", double(c.swiglu_limit)).kv("gate_temp", double(c.gate_temp)).kv("norm_topk_prob", c.norm_topk_prob);
+    j->end_object();
+    return;
+  }
+  std::printf("config: dim %lld, inter %lld, %lld routed experts, top %lld, %lld shared, %s, route_scale %g, "
+              "swiglu_limit %g, gate_temp %g, norm_topk_prob %s\n",
+              static_cast<long long>(c.dim), static_cast<long long>(c.inter), static_cast<long long>(c.n_routed),
+              static_cast<long long>(c.topk), static_cast<long long>(c.n_shared), to_string(c.score_func).c_str(),
+              double(c.route_scale), double(c.swiglu_limit), double(c.gate_temp), c.norm_topk_prob ? "true" : "false");
+}
+
+int inspect_gguf(const InspectArgs& a) {
+  const gguf::Reader r = gguf::Reader::open(a.file);
+  std::string model_note;
+  std::unique_ptr<ModelFile> mf;
+  try {
+    mf = std::make_unique<ModelFile>(ModelFile::from_gguf(r));
+  } catch (const InputError& e) {
+    model_note = e.what();
+  }
+  Json j;
+  Json* jp = a.json ? &j : nullptr;
+  if (a.json) {
+    j.begin_object().kv("file", a.file).kv("kind", "gguf").kv("version", static_cast<int64_t>(r.version()));
+    j.kv("alignment", static_cast<int64_t>(r.alignment())).kv("file_size", r.file_size());
+    j.key("metadata").begin_object();
+    for (const gguf::KeyValue& kv : r.kvs()) j.kv(kv.key, gguf::describe(kv.value));
+    j.end_object().key("tensors").begin_array();
+    for (const gguf::TensorInfo& t : r.tensors()) {
+      const gguf::TypeTraits tt = gguf::type_traits(t.type);
+      j.begin_object().kv("name", t.name).kv("type", tt.name ? tt.name : "?").kv("shape", gguf::shape_string(t));
+      j.kv("offset", t.offset).kv("bytes", t.nbytes).end_object();
+    }
+    j.end_array();
+  } else {
+    std::printf("%s: GGUF v%u, %llu bytes, alignment %u, %zu metadata keys, %zu tensors\n", a.file.c_str(), r.version(),
+                static_cast<unsigned long long>(r.file_size()), r.alignment(), r.kvs().size(), r.tensors().size());
+    std::printf("metadata:\n");
+    for (const gguf::KeyValue& kv : r.kvs()) std::printf("  %-40s %s\n", kv.key.c_str(), gguf::describe(kv.value).c_str());
+    std::printf("tensors:\n");
+    for (const gguf::TensorInfo& t : r.tensors()) {
+      const gguf::TypeTraits tt = gguf::type_traits(t.type);
+      std::printf("  %-32s %-5s %-20s offset %llu, %llu bytes\n", t.name.c_str(), tt.name ? tt.name : "?",
+                  gguf::shape_string(t).c_str(), static_cast<unsigned long long>(t.offset),
+                  static_cast<unsigned long long>(t.nbytes));
+    }
+  }
+  if (mf) {
+    if (a.json) j.kv("layers", mf->n_layers());
+    else std::printf("moecheck model: %d layer(s)\n", mf->n_layers());
+    config_lines(mf->config(), jp);
+    if (mf->provenance()) {
+      const GeneratorProvenance& p = *mf->provenance();
+      if (a.json) j.key("generator").begin_object().kv("preset", p.preset).kv("seed", p.seed).end_object();
+      else std::printf("generator: preset %s, seed %llu, version %u%s\n", p.preset.c_str(),
+                       static_cast<unsigned long long>(p.seed), p.version, p.fast_blocks ? ", random-valid blocks" : "");
+    }
+  } else {
+    if (a.json) j.kv("not_a_moecheck_model", model_note);
+    else std::printf("not a moecheck model: %s\n", model_note.c_str());
+  }
+  if (a.json) {
+    j.end_object();
+    std::printf("%s\n", j.str().c_str());
+  }
+  return kExitSame;
+}
+
+int inspect_dump(const InspectArgs& a) {
+  const Dump d = read_dump(a.file);
+  const DumpMeta& m = d.meta;
+  const MoeConfig& c = m.config;
+  const int64_t T = m.tokens;
+  Json j;
+  if (a.json) {
+    j.begin_object().kv("file", a.file).kv("kind", "dump").kv("format_version", m.format_version);
+    j.kv("tool_version", m.tool_version).kv("git_commit", m.git_commit).kv("implementation", m.implementation);
+    j.kv("variant", m.variant).kv("device", m.device).kv("model_file", m.model_file).kv("model_sha256", m.model_sha256);
+    if (m.has_model_seed) j.kv("model_seed", m.model_seed);
+    j.kv("input_source", m.input_source).kv("input_seed", m.input_seed).kv("tokens", T).kv("taps", m.taps);
+    config_lines(c, &j);
+    j.key("layers").begin_array();
+  } else {
+    std::printf("%s: moecheck dump format %lld, %s (%s) on %s, tool %s (%s)\n", a.file.c_str(),
+                static_cast<long long>(m.format_version), m.implementation.c_str(), m.variant.c_str(), m.device.c_str(),
+                m.tool_version.c_str(), m.git_commit.c_str());
+    std::printf("model: %s sha256 %s%s\n", m.model_file.c_str(), m.model_sha256.c_str(),
+                m.has_model_seed ? (", generator seed " + std::to_string(m.model_seed)).c_str() : "");
+    std::printf("input: %s%s, %lld token(s), %s\n", m.input_source.c_str(),
+                m.input_source.rfind("seed", 0) == 0 ? (" " + std::to_string(m.input_seed)).c_str() : "",
+                static_cast<long long>(T), m.taps ? "every stage (taps)" : "basic stages");
+    config_lines(c, nullptr);
+  }
+  for (const LayerTaps& t : d.layers) {
+    std::vector<std::pair<std::string, std::string>> st = {
+        {"input", shape({T, c.dim}) + " bfloat16"}, {"router_logits", shape({T, c.n_routed}) + " float32"},
+        {"topk_ids", shape({T, c.topk}) + " int32"}, {"topk_weights", shape({T, c.topk}) + " float32"}};
+    if (!t.x_q8.empty()) st.emplace_back("x_q8", shape({T, c.dim / 32, 36}) + " block_q8_1");
+    for (const ExpertTaps& e : t.experts) {
+      const int64_t n = static_cast<int64_t>(e.tokens.size());
+      st.emplace_back("experts/" + std::to_string(e.expert), std::to_string(n) + " token(s): gate/up/h " +
+                                                                 shape({n, c.inter}) + ", down " + shape({n, c.dim}) +
+                                                                 (e.h_q8.empty() ? "" : ", h_q8"));
+    }
+    if (!t.shared.tokens.empty()) st.emplace_back("shared", "gate/up/h " + shape({T, c.inter}) + ", down " + shape({T, c.dim}));
+    if (!t.acc.empty()) st.emplace_back("acc", shape({T, c.dim}) + " float32");
+    st.emplace_back("output", shape({T, c.dim}) + " bfloat16");
+    if (a.json) {
+      j.begin_object().kv("layer", t.layer).key("datasets").begin_object();
+      for (const auto& [k, v] : st) j.kv(k, v);
+      j.end_object().end_object();
+    } else {
+      std::printf("/layers/%d:\n", t.layer);
+      for (const auto& [k, v] : st) std::printf("  %-14s %s\n", k.c_str(), v.c_str());
+    }
+  }
+  if (a.json) {
+    j.end_array().end_object();
+    std::printf("%s\n", j.str().c_str());
+  }
+  return kExitSame;
+}
+
+}  // namespace
+
+void add_inspect(CLI::App& app, int& rc) {
+  auto a = std::make_shared<InspectArgs>();
+  CLI::App* s = app.add_subcommand("inspect", "Show a GGUF model or an HDF5 dump");
+  s->footer("Examples:\n  moecheck inspect tiny.gguf\n  moecheck inspect emu.h5 --json\n"
+            "Exit codes: 0 shown, 2 error (missing, truncated or malformed file: the message names the field).");
+  s->add_option("FILE", a->file, "a .gguf model or a .h5 dump")->required();
+  s->add_flag("--json", a->json, "machine-readable output");
+  s->callback([a, &rc] {
+    if (!std::filesystem::exists(a->file)) throw InputError(a->file + ": file does not exist");
+    rc = h5::has_hdf5_signature(a->file) ? inspect_dump(*a) : inspect_gguf(*a);
+  });
+}
+
+}  // namespace moecheck::cli

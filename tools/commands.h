@@ -1,0 +1,36 @@
+// The subcommands of `moecheck`, one file each (cmd_<name>.cpp). Each registers itself on the
+// CLI11 app and, when chosen, stores its exit code in `rc`: 0 same / done, 1 differs, 2 error
+// (errors are thrown as InputError and mapped to 2 by main). Contract: docs/cli.md.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+namespace moecheck::cli {
+
+inline constexpr int kExitSame = 0;
+inline constexpr int kExitDiffers = 1;
+inline constexpr int kExitError = 2;
+
+void add_gen(CLI::App& app, int& rc);
+void add_run(CLI::App& app, int& rc);
+void add_diff(CLI::App& app, int& rc);
+void add_check(CLI::App& app, int& rc);
+void add_golden(CLI::App& app, int& rc);
+void add_inspect(CLI::App& app, int& rc);
+
+// A fresh private directory under $TMPDIR (or /tmp), removed with everything in it on scope exit.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace moecheck::cli

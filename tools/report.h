@@ -1,0 +1,22 @@
+// Human and machine forms of a dump comparison (golden/dump_diff.h): the per-layer stage
+// table, routing flips with their margins, the first located mismatches. Used by `diff`,
+// `check` and `golden verify`. Contract: docs/cli.md "diff" (output).
+#pragma once
+
+#include <string>
+
+#include "golden/dump_diff.h"
+#include "tools/json.h"
+
+namespace moecheck::cli {
+
+// Full text report: one table per layer, mismatches, the verdict line.
+std::string diff_text(const DiffReport& r);
+// One mismatch on one line: stage, token, expert, column / block, both values (hex), ULPs, where.
+std::string mismatch_line(const Mismatch& m, const std::string& dtype);
+// Appends the report as one JSON object.
+void diff_json(Json& j, const DiffReport& r);
+// "%.3g" with inf/nan spelled out.
+std::string fmt_num(double v);
+
+}  // namespace moecheck::cli

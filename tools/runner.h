@@ -1,0 +1,68 @@
+// Runs one implementation (ref, emu, cuda) over the layers of a model file and returns the dump
+// (golden/dump.h) with every stage: shared by `run`, `check` and `golden`. Inputs are seeded
+// per layer, or a dump's inputs, or chained (layer L+1 gets layer L's output).
+// Contract: docs/cli.md "run" (inputs, knobs) and docs/golden-format.md (what is recorded).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "emulate/router_gemv.h"
+#include "golden/dump.h"
+#include "golden/model_file.h"
+
+namespace moecheck::cli {
+
+class Progress;
+
+enum class Impl { kRef, kEmu, kCuda };
+inline constexpr Impl kAllImpls[] = {Impl::kRef, Impl::kEmu, Impl::kCuda};
+
+std::string impl_name(Impl i);
+// "ref" | "emu" | "cuda"; InputError naming `where` otherwise.
+Impl parse_impl(const std::string& s, const std::string& where);
+// Whether the implementation is built and can run here; `why` says why not.
+bool impl_available(Impl i, std::string* why);
+
+enum class RefPrecision { kModel, kExact };
+
+struct ImplKnobs {
+  RefPrecision precision = RefPrecision::kModel;  // ref
+  RouterVariant router = RouterVariant::kStaged;  // emu, cuda
+  int expert_warps = 8;                           // emu, cuda: 2, 4 or 8
+  bool shared_side_stream = true;                 // cuda
+};
+
+struct InputSpec {
+  uint64_t seed = 1;           // seeded inputs: layer L gets generate_input(input_layer_seed(seed, L), T, dim)
+  std::string dump_path;       // non-empty: the dump's input of each layer (same layer id)
+  bool chain = false;          // layer L+1's input is layer L's output (in the order run)
+};
+
+struct RunSpec {
+  Impl impl = Impl::kEmu;
+  ImplKnobs knobs;
+  std::vector<int> layers;     // empty: every layer of the model
+  int64_t tokens = 8;          // ignored with a dump input (the dump's token count is used)
+  InputSpec input;
+  bool taps = false;
+};
+
+// An opened model with its identity, shared by several runs.
+struct LoadedModel {
+  std::string path;
+  ModelFile file;
+  std::string sha256;
+};
+LoadedModel load_model(const std::string& path);
+
+// The per-layer input seed: stream_key(seed, layer, 0x696e707574 ("input"), 0) of golden/generator.h.
+uint64_t input_layer_seed(uint64_t seed, int layer);
+
+// "0,2-5" -> {0, 2, 3, 4, 5}; sorted, unique; InputError naming --layers on bad syntax.
+std::vector<int> parse_layer_list(const std::string& s);
+
+Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress);
+
+}  // namespace moecheck::cli
