@@ -1,0 +1,68 @@
+// accumulate + finish: per token, acc = +0, then fma_rn(weight, down, acc) over the token's
+// picks in ascending expert id (the caller orders rows / weights so), then add_rn(acc, shared),
+// and y = f32_to_bf16(acc). One thread per (token, element); no atomics, no reordering.
+// Contract: docs/numerics.md "accumulate, finish"; twins: emu::accumulate, emu::finish.
+#include <string>
+
+#include "cuda/check.h"
+#include "cuda/device_util.cuh"
+#include "cuda/kernels.h"
+#include "emulate/error.h"
+
+namespace moecheck::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void __launch_bounds__(kThreads)
+    accumulate_kernel(const int32_t* rows, const float* weights, int64_t topk, const float* down,
+                      const float* shared, float* acc, uint16_t* y, int64_t T, int64_t dim) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= T * dim) return;
+  const int64_t t = i / dim;
+  const int64_t c = i - t * dim;
+  float a = 0.0f;
+  for (int64_t k = 0; k < topk; ++k) {
+    const int64_t r = __ldg(rows + t * topk + k);
+    a = fma_rn(__ldg(weights + t * topk + k), __ldg(down + r * dim + c), a);
+  }
+  if (shared != nullptr) a = add_rn(a, __ldg(shared + i));
+  acc[i] = a;
+  if (y != nullptr) y[i] = f32_to_bf16(a);
+}
+
+__global__ void __launch_bounds__(kThreads) finish_kernel(const float* acc, uint16_t* y, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) y[i] = f32_to_bf16(__ldg(acc + i));
+}
+
+}  // namespace
+
+void accumulate(const int32_t* rows, const float* weights, int64_t topk, const float* down,
+                const float* shared, float* acc, uint16_t* y, int64_t T, int64_t dim, void* stream) {
+  if (T < 0 || dim <= 0 || topk < 0)
+    throw InputError("cuda::accumulate: need T >= 0, dim > 0, topk >= 0, found T=" + std::to_string(T) +
+                     " dim=" + std::to_string(dim) + " topk=" + std::to_string(topk));
+  if (T == 0) return;
+  if (topk > 0) {
+    require_aligned(rows, 4, "accumulate", "rows");
+    require_aligned(weights, 4, "accumulate", "weights");
+    require_aligned(down, 4, "accumulate", "down");
+  }
+  require_aligned(acc, 4, "accumulate", "acc");
+  const int64_t n = T * dim;
+  accumulate_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, as_stream(stream)>>>(
+      rows, weights, topk, down, shared, acc, y, T, dim);
+  MOECHECK_CUDA_LAUNCHED();
+}
+
+void finish(const float* acc, uint16_t* y, int64_t n, void* stream) {
+  if (n < 0) throw InputError("cuda::finish: n must be >= 0, found " + std::to_string(n));
+  if (n == 0) return;
+  require_aligned(acc, 4, "finish", "acc");
+  require_aligned(y, 2, "finish", "y");
+  finish_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, as_stream(stream)>>>(acc, y, n);
+  MOECHECK_CUDA_LAUNCHED();
+}
+
+}  // namespace moecheck::cuda

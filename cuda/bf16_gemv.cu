@@ -1,0 +1,95 @@
+// bf16_gemv: the shared expert's bf16 projections (and the router's plain variant) on the plain
+// schedule of cuda/gemv_plain.cuh. Contract: docs/numerics.md "bf16_gemv"; twin:
+// emu::bf16_gemv (emulate/bf16_gemv.h). Loads: one 16-byte load per chunk per lane (a warp
+// reads 512 contiguous bytes of a row), four chunks in flight before the first use; the loads
+// never change the arithmetic order.
+#include <string>
+
+#include "cuda/check.h"
+#include "cuda/device_util.cuh"
+#include "cuda/gemv_plain.cuh"
+#include "cuda/kernels.h"
+#include "emulate/error.h"
+
+namespace moecheck::cuda {
+namespace detail {
+
+__global__ void __launch_bounds__(kGemvPlainWarps * kWarpSize) gemv_plain_kernel(GemvArgs p) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvPlainWarps + threadIdx.x / kWarpSize;
+  if (row >= p.rows) return;  // whole warps leave together: the butterfly stays full
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kMaxGroupRows;
+  const int n = static_cast<int>(p.T - t0 < kMaxGroupRows ? p.T - t0 : kMaxGroupRows);
+  // A ternary, not p.w[blockIdx.z]: a run-time index would copy the parameter array to local memory.
+  const uint16_t* wrow = (blockIdx.z == 0 ? p.w[0] : p.w[1]) + row * p.K;
+  const int64_t nchunks = p.K / kGemvChunk;
+
+  float acc[kMaxGroupRows];
+#pragma unroll
+  for (int t = 0; t < kMaxGroupRows; ++t) acc[t] = 0.0f;
+
+  for (int64_t c0 = lane; c0 < nchunks; c0 += kGemvUnroll * kWarpSize) {
+    uint4 wv[kGemvUnroll];
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int64_t c = c0 + u * kWarpSize;
+      if (c < nchunks) wv[u] = __ldcs(reinterpret_cast<const uint4*>(wrow + c * kGemvChunk));
+    }
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int64_t c = c0 + u * kWarpSize;
+      if (c >= nchunks) break;
+#pragma unroll
+      for (int t = 0; t < kMaxGroupRows; ++t) {
+        if (t < n) {
+          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(p.x + (t0 + t) * p.K + c * kGemvChunk));
+          acc[t] = bf16_chunk_fma(wv[u], xv, acc[t]);
+        }
+      }
+    }
+  }
+  float* y = blockIdx.z == 0 ? p.y[0] : p.y[1];
+#pragma unroll
+  for (int t = 0; t < kMaxGroupRows; ++t) {
+    if (t < n) {
+      const float v = warp_butterfly(acc[t]);
+      if (lane == 0) y[(t0 + t) * p.rows + row] = v;
+    }
+  }
+}
+
+void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* stream) {
+  const std::string where = std::string("cuda::") + op + ": ";
+  if (a.rows < 0 || a.T < 0 || a.K <= 0 || a.K % kGemvChunk != 0)
+    throw InputError(where + "need rows >= 0, T >= 0 and K a positive multiple of 8, found rows=" +
+                     std::to_string(a.rows) + " K=" + std::to_string(a.K) + " T=" + std::to_string(a.T));
+  if ((a.T + kMaxGroupRows - 1) / kMaxGroupRows > 65535)
+    throw InputError(where + "T=" + std::to_string(a.T) + " exceeds 65535 groups of 8 tokens");
+  if (a.rows == 0 || a.T == 0) return;
+  for (int m = 0; m < n_mat; ++m) {
+    require_aligned(a.w[m], 16, op, "w");
+    require_aligned(a.y[m], 4, op, "y");
+  }
+  require_aligned(a.x, 16, op, "x");
+  const dim3 grid(static_cast<unsigned>((a.rows + kGemvPlainWarps - 1) / kGemvPlainWarps),
+                  static_cast<unsigned>((a.T + kMaxGroupRows - 1) / kMaxGroupRows),
+                  static_cast<unsigned>(n_mat));
+  gemv_plain_kernel<<<grid, kGemvPlainWarps * kWarpSize, 0, as_stream(stream)>>>(a);
+  MOECHECK_CUDA_LAUNCHED();
+}
+
+}  // namespace detail
+
+void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K, int64_t T,
+               void* stream) {
+  const detail::GemvArgs a{{w, w}, {y, y}, x, rows, K, T};
+  detail::launch_gemv_plain(a, 1, "bf16_gemv", stream);
+}
+
+void bf16_gemv_pair(const uint16_t* w0, const uint16_t* w1, const uint16_t* x, float* y0,
+                    float* y1, int64_t rows, int64_t K, int64_t T, void* stream) {
+  const detail::GemvArgs a{{w0, w1}, {y0, y1}, x, rows, K, T};
+  detail::launch_gemv_plain(a, 2, "bf16_gemv_pair", stream);
+}
+
+}  // namespace moecheck::cuda

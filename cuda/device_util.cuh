@@ -1,0 +1,91 @@
+// Device helpers shared by the token-path kernels: the warp butterfly of docs/numerics.md
+// "Conventions", exact f16 / bf16 widening, 2-byte-aligned word reads from shared memory and
+// the stream cast of the void* wrappers. Arithmetic helpers only re-spell emulate/ helpers
+// (fp_ops.h, numfmt.h) with identical bits; none of them rounds differently.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "emulate/fp_ops.h"
+#include "emulate/numfmt.h"
+#include "emulate/schedule.h"
+
+namespace moecheck::cuda {
+
+inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+// butterfly(v): o = 16, 8, 4, 2, 1, v = add_rn(v, partner's v). Every lane ends with lane 0's
+// bits because add_rn is commutative (numerics.md "Butterfly").
+__device__ __forceinline__ float warp_butterfly(float v) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o >= 1; o /= 2) v = add_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  return v;
+}
+
+// Integer butterflies: exact and order-free.
+__device__ __forceinline__ int warp_sum_int(int v) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o >= 1; o /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  return v;
+}
+
+// f16 bits to f32 with numfmt.h's bits: the hardware conversion is exact for every non-NaN
+// pattern (subnormals included); NaN goes through numfmt's payload-keeping rule.
+__device__ __forceinline__ float f16_bits_to_f32(uint16_t h) {
+  if ((h & 0x7FFFu) > 0x7C00u) return f16_to_f32(h);
+  return __half2float(__ushort_as_half(h));
+}
+
+// The two bf16 values of a 32-bit word, as f32 (exact).
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+
+// acc over the 8 bf16 values of a 16-byte chunk of w and of x: the products of bf16 values
+// are exact in f32, so each fma_rn rounds once, in the addition; values j = 0..7 in order (the
+// low half of each little-endian word is the lower index). numerics.md "router_gemv".
+__device__ __forceinline__ float bf16_chunk_fma(const uint4& w, const uint4& x, float acc) {
+  const uint32_t ww[4] = {w.x, w.y, w.z, w.w};
+  const uint32_t xx[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc = fma_rn(bf16_lo(ww[i]), bf16_lo(xx[i]), acc);
+    acc = fma_rn(bf16_hi(ww[i]), bf16_hi(xx[i]), acc);
+  }
+  return acc;
+}
+
+// The 32-bit little-endian word at byte offset off (2-byte aligned) of a 4-byte aligned shared
+// buffer: two aligned reads joined by a funnel shift (shift 0 when off is 4-byte aligned).
+__device__ __forceinline__ uint32_t lds_u32(const uint8_t* smem, int off) {
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(smem + (off & ~3));
+  return __funnelshift_r(w[0], w[1], 8 * (off & 3));
+}
+
+// n consecutive words from a 2-byte aligned shared offset, reading n + 1 aligned words.
+template <int N>
+__device__ __forceinline__ void lds_words(const uint8_t* smem, int off, uint32_t (&out)[N]) {
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(smem + (off & ~3));
+  const int sh = 8 * (off & 3);
+  uint32_t raw[N + 1];
+#pragma unroll
+  for (int i = 0; i <= N; ++i) raw[i] = w[i];
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = __funnelshift_r(raw[i], raw[i + 1], sh);
+}
+
+// n consecutive words from a 4-byte aligned shared offset.
+template <int N>
+__device__ __forceinline__ void lds_words_aligned(const uint8_t* smem, int off, uint32_t (&out)[N]) {
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(smem + off);
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = w[i];
+}
+
+__device__ __forceinline__ uint16_t lds_u16(const uint8_t* smem, int off) {
+  return *reinterpret_cast<const uint16_t*>(smem + off);
+}
+
+}  // namespace moecheck::cuda

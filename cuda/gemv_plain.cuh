@@ -1,0 +1,29 @@
+// The plain bf16 GEMV schedule shared by router_gemv (RouterVariant::kPlain) and bf16_gemv:
+// one warp per output row; lane l takes the 8-value chunks c = l, l + 32, ... in increasing
+// order and per token runs acc = fma_rn(w, x, acc) over the chunk's 8 values; then the
+// butterfly. Contract: docs/numerics.md "router_gemv" (plain) and "bf16_gemv".
+// The kernel lives in cuda/bf16_gemv.cu; this header is its launch interface.
+#pragma once
+
+#include <cstdint>
+
+#include "emulate/schedule.h"
+
+namespace moecheck::cuda::detail {
+
+inline constexpr int kGemvPlainWarps = 4;  // rows per block; no bit depends on it
+inline constexpr int kGemvUnroll = 4;      // chunks loaded before the first use
+
+struct GemvArgs {
+  const uint16_t* w[2];  // blockIdx.z selects the matrix (bf16_gemv_pair)
+  float* y[2];
+  const uint16_t* x;     // [T, K]
+  int64_t rows;
+  int64_t K;
+  int64_t T;
+};
+
+// Launches gemv_plain_kernel over n_mat matrices (1 or 2) after the shape checks of `op`.
+void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* stream);
+
+}  // namespace moecheck::cuda::detail

@@ -1,0 +1,78 @@
+// Host-callable wrappers of the token-path kernels (moecheck::cuda), one per op stem, each the
+// twin of the moecheck::emu function of the same name and bit-for-bit equal to it
+// (docs/numerics.md). All pointers are device pointers; `stream` is a cudaStream_t passed as
+// void* (nullptr: the legacy default stream) so that this header needs no CUDA header.
+// Preconditions (shapes, alignment, token counts, warps) are checked before launch and thrown
+// as moecheck::InputError; CUDA failures abort through MOECHECK_CUDA_CHECK (cuda/check.h).
+#pragma once
+
+#include <cstdint>
+
+#include "emulate/blocks.h"
+#include "emulate/router_gemv.h"
+#include "emulate/schedule.h"
+
+namespace moecheck::cuda {
+
+// ---- router_gemv, bf16_gemv (cuda/router_gemv.cu, cuda/bf16_gemv.cu) ----
+// w bf16 [rows, K], x bf16 [T, K], y f32 [T, rows]. K a multiple of 256; w and x 16-byte
+// aligned. Any T (launched in groups of kMaxGroupRows tokens; no bit depends on the grouping).
+void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y, int64_t rows,
+                 int64_t K, int64_t T, void* stream);
+void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K,
+               int64_t T, void* stream);
+// Two matrices of one shape on the same x in one launch (the shared expert's gate and up);
+// each output equals bf16_gemv of its matrix.
+void bf16_gemv_pair(const uint16_t* w0, const uint16_t* w1, const uint16_t* x, float* y0,
+                    float* y1, int64_t rows, int64_t K, int64_t T, void* stream);
+
+// ---- quantize_q8_1 (cuda/quantize_q8_1.cu) ----
+// x f32 [R, K] (or bf16, widened exactly) -> y [R, K / 32]; K a multiple of 32.
+void quantize_q8_1(const float* x, BlockQ8_1* y, int64_t R, int64_t K, void* stream);
+void quantize_q8_1_bf16(const uint16_t* x, BlockQ8_1* y, int64_t R, int64_t K, void* stream);
+
+// ---- mmvq (cuda/mmvq.cu): Q2_K / Q3_K rows x q8_1 rows, f32 out ----
+// One launch group: the weight matrix table[slot] ([rows, K], rows of K / 256 blocks) against
+// n <= kMaxGroupRows activation rows a[a_row[i]], written to y[y_row[i] * rows + r].
+struct MmvqGroup {
+  int32_t slot = 0;
+  int32_t n = 0;
+  int32_t a_row[kMaxGroupRows] = {};
+  int32_t y_row[kMaxGroupRows] = {};
+};
+
+// Plain form (emu::mmvq): w [rows, K], a [T, K / 32], y [T, rows]; any T.
+void mmvq(GgmlType t, const uint8_t* w, const BlockQ8_1* a, float* y, int64_t rows, int64_t K,
+          int64_t T, int warps, void* stream);
+// One-token form over n experts in one launch (emu::mmvq_experts): expert_w is a DEVICE array
+// of n base pointers (slot pointers, 2-byte aligned); a is [n or 1, K / 32]; y [n, rows].
+void mmvq_experts(GgmlType t, const uint8_t* const* expert_w, int64_t n, const BlockQ8_1* a,
+                  bool a_per_expert, float* y, int64_t rows, int64_t K, int warps, void* stream);
+// General form used by the layer: n_groups DEVICE groups against the DEVICE slot table; max_n
+// (1..8) bounds every group's n and sizes the shared memory (a larger group traps).
+void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups,
+                 int64_t n_groups, int max_n, const BlockQ8_1* a, float* y, int64_t rows,
+                 int64_t K, int warps, void* stream);
+
+// ---- swiglu_q8 (cuda/swiglu_q8.cu) ----
+// g, u, h f32 [R, inter]; hq [R, inter / 32] (nullable: h only); inter a multiple of 32.
+void swiglu_q8(const float* g, const float* u, float* h, BlockQ8_1* hq, int64_t R,
+               int64_t inter, float limit, void* stream);
+// The bf16 shared expert's SwiGLU: h f32 (nullable) and hb = f32_to_bf16(h) [R, inter].
+void swiglu_bf16(const float* g, const float* u, float* h, uint16_t* hb, int64_t R,
+                 int64_t inter, float limit, void* stream);
+
+// ---- accumulate, finish (cuda/accumulate.cu) ----
+// For token t: acc = +0; for k = 0..topk-1: acc = fma_rn(weights[t, k], down[rows[t, k], :],
+// acc); acc = add_rn(acc, shared[t, :]). The caller orders each token's picks by ascending
+// expert id (emu::accumulate sorts them itself). down [*, dim], shared [T, dim] (nullable: no
+// shared term), acc f32 [T, dim]; y bf16 [T, dim] (nullable) = f32_to_bf16(acc).
+void accumulate(const int32_t* rows, const float* weights, int64_t topk, const float* down,
+                const float* shared, float* acc, uint16_t* y, int64_t T, int64_t dim,
+                void* stream);
+void finish(const float* acc, uint16_t* y, int64_t n, void* stream);
+
+// Device pointer alignment check used by the wrappers (InputError naming `what`).
+void require_aligned(const void* p, int bytes, const char* op, const char* what);
+
+}  // namespace moecheck::cuda

@@ -1,0 +1,92 @@
+// Shared pieces of the GPU benchmarks (tests/bench/*.cu): the device-to-device copy bandwidth
+// measured in the same process (the ceiling every result is divided by), event timing with
+// medians, and a device-side fill of random bytes (benchmarks never time zeros). See
+// docs/performance.md for how the numbers are read.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#define BENCH_CHECK(stmt)                                                                      \
+  do {                                                                                         \
+    const cudaError_t e_ = (stmt);                                                             \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "bench: %s failed: %s at %s:%d\n", #stmt, cudaGetErrorName(e_),      \
+                   __FILE__, __LINE__);                                                        \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+namespace moecheck::bench {
+
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Median milliseconds of fn() over `reps` timed runs after `warm` untimed ones, events on `s`.
+template <class F>
+double time_ms(F fn, int warm, int reps, cudaStream_t s) {
+  cudaEvent_t a, b;
+  BENCH_CHECK(cudaEventCreate(&a));
+  BENCH_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < warm; ++i) fn();
+  BENCH_CHECK(cudaStreamSynchronize(s));
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    BENCH_CHECK(cudaEventRecord(a, s));
+    fn();
+    BENCH_CHECK(cudaEventRecord(b, s));
+    BENCH_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  BENCH_CHECK(cudaEventDestroy(a));
+  BENCH_CHECK(cudaEventDestroy(b));
+  return median(t);
+}
+
+// Device-to-device cudaMemcpy of 1 GiB: (bytes read + bytes written) / time, median of 25.
+inline double copy_bandwidth_gbs() {
+  const size_t n = size_t{1} << 30;
+  void *a = nullptr, *b = nullptr;
+  BENCH_CHECK(cudaMalloc(&a, n));
+  BENCH_CHECK(cudaMalloc(&b, n));
+  BENCH_CHECK(cudaMemset(a, 0x5A, n));
+  const double ms = time_ms([&] { BENCH_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, nullptr)); }, 3, 25,
+                            nullptr);
+  BENCH_CHECK(cudaFree(a));
+  BENCH_CHECK(cudaFree(b));
+  return 2.0 * static_cast<double>(n) / (ms * 1e-3) / 1e9;
+}
+
+__global__ void fill_random_kernel(uint8_t* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n / 8; i += size_t{gridDim.x} * blockDim.x) {
+    uint64_t z = seed + i * 0x9E3779B97F4A7C15ull;  // splitmix64 finaliser
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    reinterpret_cast<uint64_t*>(p)[i] = z ^ (z >> 31);
+  }
+}
+
+inline void fill_random(void* p, size_t n, uint64_t seed) {
+  fill_random_kernel<<<1024, 256>>>(static_cast<uint8_t*>(p), n, seed);
+  BENCH_CHECK(cudaGetLastError());
+  BENCH_CHECK(cudaDeviceSynchronize());
+}
+
+inline std::string gpu_name() {
+  cudaDeviceProp prop{};
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
+  return prop.name;
+}
+
+}  // namespace moecheck::bench

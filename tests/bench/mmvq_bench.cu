@@ -1,0 +1,150 @@
+// Kernel benchmarks at the seeds' one-token shapes: MMVQ over the six selected experts in one
+// launch (gate: 6 x [2304, 5120] Q2_K; gate+up: 12 of them; down: 6 x [5120, 2304] Q3_K) at 2, 4
+// and 8 warps, the router GEMV (plain, staged) and the shared expert's bf16 GEMVs. Each result is
+// weight bytes / kernel time against the device-to-device copy bandwidth measured first in this
+// process. Weights rotate among sets whose total is several times L2, so no launch finds its
+// weights cached; launches are replayed from a CUDA graph (launch gaps out). Markdown table last.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <ctime>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda/kernels.h"
+#include "tests/bench/bench_util.h"
+
+using namespace moecheck;
+using moecheck::bench::time_ms;
+
+namespace {
+
+struct Row {
+  std::string kernel, shape;
+  int warps;
+  double us, gbs, frac;
+};
+
+// Per-launch microseconds of `launch(i)` for i = 0..n-1 captured in one graph, median of 20
+// graph replays after 3 warm-ups.
+double graph_us(const std::function<void(int, cudaStream_t)>& launch, int n, cudaStream_t s) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  BENCH_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < n; ++i) launch(i, s);
+  BENCH_CHECK(cudaStreamEndCapture(s, &g));
+  BENCH_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  const double ms = time_ms([&] { BENCH_CHECK(cudaGraphLaunch(ge, s)); }, 3, 20, s);
+  BENCH_CHECK(cudaGraphExecDestroy(ge));
+  BENCH_CHECK(cudaGraphDestroy(g));
+  return ms * 1e3 / n;
+}
+
+}  // namespace
+
+int main() {
+  const double copy = bench::copy_bandwidth_gbs();
+  std::printf("GPU: %s\ndevice-to-device copy: %.0f GB/s (read + write, 1 GiB, median of 25)\n",
+              bench::gpu_name().c_str(), copy);
+  cudaStream_t s;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const int64_t dim = 5120, inter = 2304, nsel = 6, sets = 8;
+  const int64_t gate_stride = inter * row_bytes(GgmlType::kQ2K, dim);    // 3,870,720 B
+  const int64_t down_stride = dim * row_bytes(GgmlType::kQ3K, inter);    // 5,068,800 B
+  // 2 * sets * 6 gate-shaped experts (gate and up) and sets * 6 down experts: 371 + 243 MB.
+  uint8_t *gate_pool = nullptr, *down_pool = nullptr;
+  BENCH_CHECK(cudaMalloc(&gate_pool, 2 * sets * nsel * gate_stride));
+  BENCH_CHECK(cudaMalloc(&down_pool, sets * nsel * down_stride));
+  bench::fill_random(gate_pool, 2 * sets * nsel * gate_stride, 1);
+  bench::fill_random(down_pool, sets * nsel * down_stride, 2);
+  // Slot tables: set i's gate (6), gate+up (12), down (6).
+  std::vector<const uint8_t*> tab;
+  for (int64_t i = 0; i < sets; ++i) {
+    for (int64_t e = 0; e < 2 * nsel; ++e) tab.push_back(gate_pool + (2 * i * nsel + e) * gate_stride);
+    for (int64_t e = 0; e < nsel; ++e) tab.push_back(down_pool + (i * nsel + e) * down_stride);
+  }
+  const uint8_t** d_tab = nullptr;
+  BENCH_CHECK(cudaMalloc(&d_tab, tab.size() * sizeof(void*)));
+  BENCH_CHECK(cudaMemcpy(d_tab, tab.data(), tab.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  BlockQ8_1 *x_q8 = nullptr, *h_q8 = nullptr;
+  float* y = nullptr;
+  BENCH_CHECK(cudaMalloc(&x_q8, dim / 32 * sizeof(BlockQ8_1)));
+  BENCH_CHECK(cudaMalloc(&h_q8, nsel * inter / 32 * sizeof(BlockQ8_1)));
+  BENCH_CHECK(cudaMalloc(&y, 2 * nsel * dim * sizeof(float)));
+  bench::fill_random(x_q8, dim / 32 * sizeof(BlockQ8_1), 3);
+  bench::fill_random(h_q8, nsel * inter / 32 * sizeof(BlockQ8_1), 4);
+
+  std::vector<Row> rows;
+  const int n = 4 * static_cast<int>(sets);  // launches per graph, rotating the sets
+  auto table = [&](int i) { return d_tab + (i % sets) * 3 * nsel; };
+  for (int warps : {2, 4, 8}) {
+    double us = graph_us([&](int i, cudaStream_t st) {
+      cuda::mmvq_experts(GgmlType::kQ2K, table(i), nsel, x_q8, false, y, inter, dim, warps, st);
+    }, n, s);
+    double b = static_cast<double>(nsel * gate_stride);
+    rows.push_back({"mmvq_experts Q2_K gate", "6 x [2304, 5120]", warps, us, b / us * 1e-3, b / us * 1e-3 / copy});
+    us = graph_us([&](int i, cudaStream_t st) {
+      cuda::mmvq_experts(GgmlType::kQ2K, table(i), 2 * nsel, x_q8, false, y, inter, dim, warps, st);
+    }, n, s);
+    b = static_cast<double>(2 * nsel * gate_stride);
+    rows.push_back({"mmvq_experts Q2_K gate+up", "12 x [2304, 5120]", warps, us, b / us * 1e-3, b / us * 1e-3 / copy});
+    us = graph_us([&](int i, cudaStream_t st) {
+      cuda::mmvq_experts(GgmlType::kQ3K, table(i) + 2 * nsel, nsel, h_q8, true, y, dim, inter, warps, st);
+    }, n, s);
+    b = static_cast<double>(nsel * down_stride);
+    rows.push_back({"mmvq_experts Q3_K down", "6 x [5120, 2304]", warps, us, b / us * 1e-3, b / us * 1e-3 / copy});
+  }
+  // Stream launches (no graph) of the gate+up form, for the launch overhead.
+  {
+    int i = 0;
+    const double ms = time_ms([&] {
+      cuda::mmvq_experts(GgmlType::kQ2K, table(i++), 2 * nsel, x_q8, false, y, inter, dim, 8, s);
+    }, 5, 50, s);
+    const double b = static_cast<double>(2 * nsel * gate_stride);
+    rows.push_back({"mmvq_experts Q2_K gate+up (stream, events)", "12 x [2304, 5120]", 8, ms * 1e3,
+                    b / (ms * 1e3) * 1e-3, b / (ms * 1e3) * 1e-3 / copy});
+  }
+  // Router [384, 5120] bf16 (16 copies rotate: 63 MB) and the shared expert's bf16 GEMVs.
+  {
+    const int64_t nr = 384, ncopy = 16, rb = nr * dim * 2;
+    uint8_t* rpool = nullptr;
+    uint16_t* x = nullptr;
+    BENCH_CHECK(cudaMalloc(&rpool, ncopy * rb));
+    BENCH_CHECK(cudaMalloc(&x, 8 * dim * 2));
+    bench::fill_random(rpool, ncopy * rb, 5);
+    bench::fill_random(x, 8 * dim * 2, 6);
+    for (RouterVariant v : {RouterVariant::kPlain, RouterVariant::kStaged}) {
+      const double us = graph_us([&](int i, cudaStream_t st) {
+        cuda::router_gemv(v, reinterpret_cast<const uint16_t*>(rpool + (i % ncopy) * rb), x, y, nr, dim, 1, st);
+      }, n, s);
+      rows.push_back({v == RouterVariant::kPlain ? "router_gemv plain" : "router_gemv staged", "[384, 5120] T=1", 0, us,
+                      rb / us * 1e-3, rb / us * 1e-3 / copy});
+    }
+    const int64_t sb = inter * dim * 2, nsh = 4;  // 4 copies of (gate, up, down): 283 MB
+    uint8_t* spool = nullptr;
+    uint16_t* hb = nullptr;
+    BENCH_CHECK(cudaMalloc(&spool, 3 * nsh * sb));
+    BENCH_CHECK(cudaMalloc(&hb, 8 * inter * 2));
+    bench::fill_random(spool, 3 * nsh * sb, 7);
+    bench::fill_random(hb, 8 * inter * 2, 8);
+    auto mat = [&](int i, int k) { return reinterpret_cast<const uint16_t*>(spool + ((i % nsh) * 3 + k) * sb); };
+    double us = graph_us([&](int i, cudaStream_t st) {
+      cuda::bf16_gemv_pair(mat(i, 0), mat(i, 1), x, y, y + inter, inter, dim, 1, st);
+    }, n, s);
+    rows.push_back({"bf16_gemv_pair shared gate+up", "2 x [2304, 5120] T=1", 0, us, 2.0 * sb / us * 1e-3,
+                    2.0 * sb / us * 1e-3 / copy});
+    us = graph_us([&](int i, cudaStream_t st) { cuda::bf16_gemv(mat(i, 2), hb, y, dim, inter, 1, st); }, n, s);
+    rows.push_back({"bf16_gemv shared down", "[5120, 2304] T=1", 0, us, sb / us * 1e-3, sb / us * 1e-3 / copy});
+  }
+
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  std::printf("\n### mmvq_bench: %s, %s, copy %.0f GB/s\n\n", bench::gpu_name().c_str(), date, copy);
+  std::printf("| kernel | shape | warps | us / launch | weight GB/s | of copy |\n|---|---|---|---|---|---|\n");
+  for (const Row& r : rows)
+    std::printf("| %s | %s | %s | %.2f | %.0f | %.0f%% |\n", r.kernel.c_str(), r.shape.c_str(),
+                r.warps ? std::to_string(r.warps).c_str() : "-", r.us, r.gbs, 100.0 * r.frac);
+  return 0;
+}

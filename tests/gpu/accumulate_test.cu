@@ -1,0 +1,73 @@
+// cuda::accumulate and cuda::finish vs emu::accumulate / emu::finish, bitwise: >= 100 seeded
+// cases (picks in random order, the kernel given them in ascending expert id as the layer
+// does), adversarial values (NaN, Inf, huge, values whose sum rounds on a bf16 tie), twice.
+// Contract: docs/numerics.md "accumulate, finish".
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "cuda/kernels.h"
+#include "emulate/accumulate.h"
+#include "tests/emu_test_util.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace moecheck {
+namespace {
+
+using gputest::DevArray;
+
+TEST(Accumulate, EqualsEmu_100Seeds) {
+  MOECHECK_REQUIRE_GPU();
+  for (uint64_t seed = 1; seed <= 100; ++seed) {
+    emutest::Gen g(seed * 2654435761u);
+    const int64_t T = 1 + g.u32() % 11, topk = 1 + g.u32() % 8, dim = 32 * (1 + g.u32() % 40);
+    const int64_t n_exp = topk + g.u32() % 20;
+    std::vector<int32_t> ids(static_cast<size_t>(T * topk));
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> e(static_cast<size_t>(n_exp));
+      std::iota(e.begin(), e.end(), 0);
+      for (int64_t i = n_exp - 1; i > 0; --i) std::swap(e[i], e[g.u32() % (i + 1)]);
+      std::copy_n(e.begin(), topk, ids.begin() + t * topk);
+    }
+    auto weights = g.f32(T * topk, 0.5);
+    auto down = g.f32(T * topk * dim, 1.0), shared = g.f32(T * dim, 1.0);
+    if (seed % 3 == 0) {
+      down[g.u32() % down.size()] = std::nanf("");
+      down[g.u32() % down.size()] = INFINITY;
+      shared[g.u32() % shared.size()] = 3.0e38f;
+      for (size_t i = 0; i < shared.size(); i += 5) shared[i] = bf16_to_f32(0x3F81) + std::ldexp(1.0f, -8);  // bf16 tie
+    }
+    std::vector<float> acc(static_cast<size_t>(T * dim));
+    emu::accumulate(ids.data(), weights.data(), down.data(), shared.data(), acc.data(), T, topk, dim);
+    std::vector<uint16_t> y(acc.size());
+    emu::finish(acc.data(), y.data(), T * dim);
+    // The layer's form: rows of down and weights per token in ascending expert id.
+    std::vector<int32_t> rows(ids.size());
+    std::vector<float> w_sorted(ids.size());
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int64_t> ord(static_cast<size_t>(topk));
+      std::iota(ord.begin(), ord.end(), int64_t{0});
+      std::sort(ord.begin(), ord.end(), [&](int64_t a, int64_t b) { return ids[t * topk + a] < ids[t * topk + b]; });
+      for (int64_t k = 0; k < topk; ++k) {
+        rows[t * topk + k] = static_cast<int32_t>(t * topk + ord[k]);
+        w_sorted[t * topk + k] = weights[t * topk + ord[k]];
+      }
+    }
+    DevArray<int32_t> drows(rows);
+    DevArray<float> dw(w_sorted), dd(down), ds(shared), dacc(acc.size());
+    DevArray<uint16_t> dy(y.size()), dy2(y.size());
+    const std::string r = gputest::repro(seed * 2654435761u);
+    for (int run = 0; run < 2; ++run) {
+      dacc.poison();
+      dy.poison();
+      cuda::accumulate(drows.get(), dw.get(), topk, dd.get(), ds.get(), dacc.get(), dy.get(), T, dim, nullptr);
+      ASSERT_TRUE(gputest::same_f32("acc", dacc.host(), acc, dim, r));
+      ASSERT_TRUE(gputest::same_u16("output", dy.host(), y, dim, r));
+    }
+    cuda::finish(dacc.get(), dy2.get(), T * dim, nullptr);
+    ASSERT_TRUE(gputest::same_u16("finish", dy2.host(), y, dim, r));
+  }
+}
+
+}  // namespace
+}  // namespace moecheck

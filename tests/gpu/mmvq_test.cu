@@ -1,0 +1,215 @@
+// cuda::mmvq (plain, one-token experts, groups) vs emu::mmvq / emu::mmvq_experts, bitwise, for
+// Q2_K and Q3_K at 2, 4 and 8 warps: >= 100 seeded random cases per type and warps, weight bases
+// at 2-byte offsets (unaligned staging), adversarial blocks (zero, subnormal f16 scales, all-max
+// sub-scales), activations with NaN, large and zero blocks, and each launch twice.
+// Contract: docs/numerics.md "mmvq_q2k, mmvq_q3k".
+#include <algorithm>
+#include <memory>
+#include <tuple>
+
+#include "cuda/kernels.h"
+#include "emulate/error.h"
+#include "emulate/mmvq.h"
+#include "emulate/quantize_q8_1.h"
+#include "tests/emu_test_util.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace moecheck {
+namespace {
+
+using gputest::DevArray;
+using gputest::same_f32;
+
+// Activation rows [T, K / 32]: random normals, some blocks adversarial when asked (a NaN, a
+// huge value, all zeros, values exactly on a q8 rounding tie).
+std::vector<BlockQ8_1> make_act(emutest::Gen& g, int64_t T, int64_t K, bool adversarial) {
+  std::vector<float> x = g.f32(T * K, 1.0);
+  if (adversarial) {
+    for (int64_t b = 0; b < T * K / kQK8_1; ++b) {
+      float* v = x.data() + b * kQK8_1;
+      switch (g.u32() % 6) {
+        case 0: v[g.u32() % kQK8_1] = std::nanf(""); break;
+        case 1: v[g.u32() % kQK8_1] = 6.0e4f; break;
+        case 2: for (int i = 0; i < kQK8_1; ++i) v[i] = 0.0f; break;
+        case 3: for (int i = 0; i < kQK8_1; ++i) v[i] = (static_cast<float>(g.u32() % 254) - 127.0f + 0.5f) / 127.0f; break;
+        default: break;
+      }
+    }
+  }
+  std::vector<BlockQ8_1> a(static_cast<size_t>(T * K / kQK8_1));
+  emu::quantize_q8_1(x.data(), a.data(), T, K);
+  return a;
+}
+
+// Device copy of `bytes` starting `off` bytes past a 256-byte aligned base.
+struct OffsetCopy {
+  DevArray<uint8_t> buf;
+  const uint8_t* p;
+  OffsetCopy(const std::vector<uint8_t>& bytes, size_t off) : buf(bytes.size() + off + 16), p(buf.get() + off) {
+    cudaMemcpy(const_cast<uint8_t*>(p), bytes.data(), bytes.size(), cudaMemcpyHostToDevice);
+  }
+};
+
+class MmvqTest : public ::testing::TestWithParam<std::tuple<GgmlType, int>> {};
+
+TEST_P(MmvqTest, PlainEqualsEmu_100Seeds) {
+  MOECHECK_REQUIRE_GPU();
+  const auto [type, warps] = GetParam();
+  for (uint64_t seed = 1; seed <= 100; ++seed) {
+    emutest::Gen g(seed * 7919 + static_cast<uint64_t>(type) * 31 + static_cast<uint64_t>(warps));
+    const int64_t K = kQK_K * (1 + static_cast<int64_t>(g.u32() % 9));
+    const int64_t rows = 1 + g.u32() % 37;
+    const int64_t T = 1 + g.u32() % 11;  // crosses the 8-row group boundary
+    const bool adv = seed % 2 == 0;
+    const auto w = emutest::make_rows(g, type, rows, K, adv ? 0.3 : 0.0);
+    const auto a = make_act(g, T, K, adv);
+    std::vector<float> want(static_cast<size_t>(T * rows));
+    emu::mmvq(type, w.data(), a.data(), want.data(), rows, K, T);
+    const OffsetCopy dw(w, 2 * (seed % 8));
+    DevArray<BlockQ8_1> da(a);
+    DevArray<float> dy(want.size());
+    cuda::mmvq(type, dw.p, da.get(), dy.get(), rows, K, T, warps, nullptr);
+    const auto first = dy.host();
+    const std::string r = gputest::repro(seed, "K=" + std::to_string(K) + " rows=" + std::to_string(rows) +
+                                                   " T=" + std::to_string(T));
+    ASSERT_TRUE(same_f32("mmvq", first, want, rows, r));
+    dy.poison();
+    cuda::mmvq(type, dw.p, da.get(), dy.get(), rows, K, T, warps, nullptr);
+    ASSERT_TRUE(same_f32("mmvq (second run)", dy.host(), first, rows, r));
+  }
+}
+
+TEST_P(MmvqTest, ExpertsEqualsEmu_100Seeds) {
+  MOECHECK_REQUIRE_GPU();
+  const auto [type, warps] = GetParam();
+  for (uint64_t seed = 1; seed <= 100; ++seed) {
+    emutest::Gen g(seed * 104729 + static_cast<uint64_t>(type) * 17 + static_cast<uint64_t>(warps));
+    const int64_t K = kQK_K * (1 + static_cast<int64_t>(g.u32() % 4));
+    const int64_t rows = 1 + g.u32() % 20;
+    const int64_t n = 1 + g.u32() % 12;
+    const bool per_expert = seed % 2 == 1;
+    const int64_t rb = row_bytes(type, K);
+    // All experts in one buffer, each at its own 2-byte offset: slot pointers, not a stack.
+    std::vector<uint8_t> all;
+    std::vector<size_t> offs;
+    for (int64_t i = 0; i < n; ++i) {
+      all.resize(all.size() + 2 * (g.u32() % 8));
+      offs.push_back(all.size());
+      const auto w = emutest::make_rows(g, type, rows, K, seed % 3 == 0 ? 0.3 : 0.0);
+      all.insert(all.end(), w.begin(), w.end());
+    }
+    const auto a = make_act(g, per_expert ? n : 1, K, seed % 3 == 0);
+    std::vector<const uint8_t*> hp;
+    for (size_t o : offs) hp.push_back(all.data() + o);
+    std::vector<float> want(static_cast<size_t>(n * rows));
+    emu::mmvq_experts(type, hp.data(), n, a.data(), per_expert, want.data(), rows, K);
+    DevArray<uint8_t> dall(all);
+    std::vector<const uint8_t*> dp;
+    for (size_t o : offs) dp.push_back(dall.get() + o);
+    DevArray<const uint8_t*> dtab(dp);
+    DevArray<BlockQ8_1> da(a);
+    DevArray<float> dy(want.size());
+    cuda::mmvq_experts(type, dtab.get(), n, da.get(), per_expert, dy.get(), rows, K, warps, nullptr);
+    const std::string r = gputest::repro(seed, "n=" + std::to_string(n) + " K=" + std::to_string(K) +
+                                                   " rb=" + std::to_string(rb));
+    const auto first = dy.host();
+    ASSERT_TRUE(same_f32("mmvq_experts", first, want, rows, r));
+    dy.poison();
+    cuda::mmvq_experts(type, dtab.get(), n, da.get(), per_expert, dy.get(), rows, K, warps, nullptr);
+    ASSERT_TRUE(same_f32("mmvq_experts (second run)", dy.host(), first, rows, r));
+  }
+}
+
+// Groups with arbitrary activation / output rows (the layer's form) equal the plain emulation
+// row by row: no (row, token) result depends on the grouping.
+TEST_P(MmvqTest, GroupsEqualsEmu_100Seeds) {
+  MOECHECK_REQUIRE_GPU();
+  const auto [type, warps] = GetParam();
+  for (uint64_t seed = 1; seed <= 100; ++seed) {
+    emutest::Gen g(seed * 15485863 + static_cast<uint64_t>(type) + static_cast<uint64_t>(warps));
+    const int64_t K = kQK_K * (1 + static_cast<int64_t>(g.u32() % 3));
+    const int64_t rows = 1 + g.u32() % 17;
+    const int64_t n_slots = 1 + g.u32() % 4, A = 1 + g.u32() % 12;
+    std::vector<std::vector<uint8_t>> mats;
+    for (int64_t s = 0; s < n_slots; ++s) mats.push_back(emutest::make_rows(g, type, rows, K, 0.1));
+    const auto a = make_act(g, A, K, seed % 4 == 0);
+    std::vector<cuda::MmvqGroup> groups(1 + g.u32() % 6);
+    int32_t y_next = 0;
+    for (auto& gr : groups) {
+      gr.slot = static_cast<int32_t>(g.u32() % n_slots);
+      gr.n = static_cast<int32_t>(1 + g.u32() % kMaxGroupRows);
+      for (int i = 0; i < gr.n; ++i) {
+        gr.a_row[i] = static_cast<int32_t>(g.u32() % A);
+        gr.y_row[i] = y_next++;
+      }
+    }
+    int max_n = 1;
+    for (const auto& gr : groups) max_n = std::max(max_n, static_cast<int>(gr.n));
+    std::vector<float> want(static_cast<size_t>(y_next * rows));
+    for (const auto& gr : groups)
+      for (int i = 0; i < gr.n; ++i)
+        emu::mmvq(type, mats[gr.slot].data(), a.data() + gr.a_row[i] * (K / kQK8_1),
+                  want.data() + gr.y_row[i] * rows, rows, K, 1);
+    std::vector<std::unique_ptr<DevArray<uint8_t>>> dm;
+    std::vector<const uint8_t*> dp;
+    for (const auto& m : mats) {
+      dm.push_back(std::make_unique<DevArray<uint8_t>>(m));
+      dp.push_back(dm.back()->get());
+    }
+    DevArray<const uint8_t*> dtab(dp);
+    DevArray<cuda::MmvqGroup> dg(groups);
+    DevArray<BlockQ8_1> da(a);
+    DevArray<float> dy(want.size());
+    cuda::mmvq_groups(type, dtab.get(), dg.get(), static_cast<int64_t>(groups.size()), max_n, da.get(), dy.get(), rows, K,
+                      warps, nullptr);
+    ASSERT_TRUE(same_f32("mmvq_groups", dy.host(), want, rows, gputest::repro(seed)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, MmvqTest,
+                         ::testing::Combine(::testing::Values(GgmlType::kQ2K, GgmlType::kQ3K),
+                                            ::testing::Values(2, 4, 8)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) == GgmlType::kQ2K ? "Q2K" : "Q3K") + "_W" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+// The seeds' one-token shapes: 6 experts of gate [2304, 5120] Q2_K and down [5120, 2304] Q3_K.
+TEST(MmvqDs41, SixExpertsOneLaunch_Gate2304x5120Q2K_Down5120x2304Q3K) {
+  MOECHECK_REQUIRE_GPU();
+  for (auto [type, rows, K] : {std::tuple{GgmlType::kQ2K, 2304, 5120}, std::tuple{GgmlType::kQ3K, 5120, 2304}}) {
+    emutest::Gen g(41 + rows);
+    const int64_t n = 6, rb = row_bytes(type, K);
+    const auto w = emutest::make_rows(g, type, n * rows, K, 0.01);
+    const auto a = make_act(g, type == GgmlType::kQ3K ? n : 1, K, false);
+    std::vector<const uint8_t*> hp;
+    for (int64_t i = 0; i < n; ++i) hp.push_back(w.data() + i * rows * rb);
+    std::vector<float> want(static_cast<size_t>(n * rows));
+    emu::mmvq_experts(type, hp.data(), n, a.data(), type == GgmlType::kQ3K, want.data(), rows, K);
+    DevArray<uint8_t> dw(w);
+    std::vector<const uint8_t*> dp;
+    for (int64_t i = 0; i < n; ++i) dp.push_back(dw.get() + i * rows * rb);
+    DevArray<const uint8_t*> dtab(dp);
+    DevArray<BlockQ8_1> da(a);
+    for (int warps : {2, 4, 8}) {
+      DevArray<float> dy(want.size());
+      cuda::mmvq_experts(type, dtab.get(), n, da.get(), type == GgmlType::kQ3K, dy.get(), rows, K, warps, nullptr);
+      ASSERT_TRUE(same_f32("mmvq_experts ds41", dy.host(), want, rows,
+                           gputest::repro(41 + rows, "warps=" + std::to_string(warps))));
+    }
+  }
+}
+
+TEST(MmvqPreconditions, BadWarpsTypeAndShapeThrowBeforeLaunch) {
+  MOECHECK_REQUIRE_GPU();
+  DevArray<uint8_t> w(4096);
+  DevArray<BlockQ8_1> a(64);
+  DevArray<float> y(64);
+  EXPECT_THROW(cuda::mmvq(GgmlType::kQ2K, w.get(), a.get(), y.get(), 1, 256, 1, 3, nullptr), InputError);
+  EXPECT_THROW(cuda::mmvq(GgmlType::kBF16, w.get(), a.get(), y.get(), 1, 256, 1, 8, nullptr), InputError);
+  EXPECT_THROW(cuda::mmvq(GgmlType::kQ2K, w.get(), a.get(), y.get(), 1, 100, 1, 8, nullptr), InputError);
+  EXPECT_THROW(cuda::mmvq(GgmlType::kQ2K, w.get() + 1, a.get(), y.get(), 1, 256, 1, 8, nullptr), InputError);
+}
+
+}  // namespace
+}  // namespace moecheck
