@@ -11,13 +11,9 @@
 #include "golden/generator.h"
 #include "tools/progress.h"
 
-#if defined(MOECHECK_HAVE_REF_LAYER)
-#include "reference/moe.h"
-#endif
-#if defined(MOECHECK_HAVE_EMU_LAYER)
 #include "emulate/moe_layer.h"
-#endif
-#if defined(MOECHECK_HAVE_CUDA) && defined(MOECHECK_HAVE_CUDA_LAYER)
+#include "reference/moe.h"
+#if defined(MOECHECK_HAVE_CUDA)
 #include "cuda/moe_layer.h"
 #endif
 
@@ -46,25 +42,11 @@ Impl parse_impl(const std::string& s, const std::string& where) {
 bool impl_available(Impl i, std::string* why) {
   switch (i) {
     case Impl::kRef:
-#if defined(MOECHECK_HAVE_REF_LAYER)
-      return true;
-#else
-      if (why) *why = "ref implementation not built (reference/moe.cpp missing)";
-      return false;
-#endif
     case Impl::kEmu:
-#if defined(MOECHECK_HAVE_EMU_LAYER)
       return true;
-#else
-      if (why) *why = "emu implementation not built (emulate/moe_layer.cpp missing)";
-      return false;
-#endif
     case Impl::kCuda:
-#if defined(MOECHECK_HAVE_CUDA) && defined(MOECHECK_HAVE_CUDA_LAYER)
+#if defined(MOECHECK_HAVE_CUDA)
       return moecheck::cuda::device_available(why);
-#elif defined(MOECHECK_HAVE_CUDA)
-      if (why) *why = "cuda implementation not built (cuda/moe_layer.h missing)";
-      return false;
 #else
       if (why) *why = "cuda implementation not built (this build has no CUDA: nvcc not found or MOECHECK_ENABLE_CUDA=OFF)";
       return false;
@@ -122,27 +104,19 @@ std::vector<uint16_t> forward_one(const RunSpec& spec, const LayerWeights& w, co
                                   int64_t T, LayerTaps* taps) {
   switch (spec.impl) {
     case Impl::kRef: {
-#if defined(MOECHECK_HAVE_REF_LAYER)
       const ref::MoE moe(w, spec.knobs.precision == RefPrecision::kExact ? ref::Precision::kExact
                                                                          : ref::Precision::kModel);
       return moe.forward(x.data(), T, taps);
-#else
-      break;
-#endif
     }
     case Impl::kEmu: {
-#if defined(MOECHECK_HAVE_EMU_LAYER)
       emu::LayerOptions o;
       o.router = spec.knobs.router;
       o.expert_warps = spec.knobs.expert_warps;
       const emu::MoeLayer layer(w, o);
       return layer.forward(x.data(), T, taps);
-#else
-      break;
-#endif
     }
     case Impl::kCuda: {
-#if defined(MOECHECK_HAVE_CUDA) && defined(MOECHECK_HAVE_CUDA_LAYER)
+#if defined(MOECHECK_HAVE_CUDA)
       moecheck::cuda::LayerOptions o;
       o.router = spec.knobs.router;
       o.expert_warps = spec.knobs.expert_warps;
@@ -178,7 +152,7 @@ DumpMeta make_meta(const LoadedModel& m, const RunSpec& spec) {
       meta.knobs = {{"router", router_name(k.router)},
                     {"expert_warps", std::to_string(k.expert_warps)},
                     {"shared_side_stream", k.shared_side_stream ? "on" : "off"}};
-#if defined(MOECHECK_HAVE_CUDA) && defined(MOECHECK_HAVE_CUDA_LAYER)
+#if defined(MOECHECK_HAVE_CUDA)
       meta.device = moecheck::cuda::device_name(0);
 #else
       meta.device = "none";
