@@ -2,12 +2,13 @@
 // to kMaxGroupRows activation rows per weight matrix, and the one-token form running all
 // selected experts of a projection in one launch (base pointers from a device slot table).
 // Contract: docs/numerics.md "mmvq_q2k, mmvq_q3k"; twins: emu::mmvq, emu::mmvq_experts.
-// Schedule: a tile is W consecutive rows (W = 2, 4, 8 warps per block) of one group's matrix.
-// A persistent grid walks the tiles, each block a contiguous range; tiles t + 1 and t + 2 are
-// copied into shared memory with 16-byte cp.async (three buffers) while tile t is computed.
-// Warp w computes row w of the tile for every token of the group: lane l takes units
-// g = l, l + 32, ... (exact dp4a integer parts, the float part of numerics.md), then the
-// butterfly. Loads never change the arithmetic. Performance: docs/performance.md "GPU".
+// Schedule: a tile is R * W consecutive rows (W = 2, 4, 8 warps per block, R rows per warp).
+// A persistent grid walks the tiles, each block a contiguous range; the next tiles are copied
+// into shared memory with 16-byte cp.async (three buffers, two at R = 2) while tile t is computed.
+// Warp w computes row w of the tile for every token of the group (one-token launches: rows
+// 2w, 2w + 1, sharing the activation loads): lane l takes units g = l, l + 32, ... (exact
+// dp4a integer parts, the float part of numerics.md), then the butterfly. Loads never change
+// the arithmetic. Performance: docs/performance.md "GPU".
 #include <cuda_pipeline.h>
 
 #include <string>
@@ -15,10 +16,13 @@
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
 #include "cuda/kernels.h"
+#include "cuda/mmvq_units.cuh"
 #include "emulate/error.h"
 
 namespace moecheck::cuda {
 namespace {
+
+using namespace mmvq_units;
 
 enum class Form : int { kPlain, kExperts, kGroups };
 
@@ -88,22 +92,14 @@ __device__ __forceinline__ void prefetch_span(const uint8_t* s, const uint8_t* e
   for (int c = threadIdx.x; c < nchunk; c += kThreads) __pipeline_memcpy_async(buf + 16 * c, src + 16 * c, 16);
 }
 
-// Unsigned bytes of a times signed bytes of b, summed into c (PTX dp4a.u32.s32): the masked
-// weight quants below are 0..192 and must not be read as signed.
-__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
-  int r;
-  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-  return r;
-}
-
 // The group's activation rows staged once per block and group: per (token, unit) the 32
 // quants, d8 widened to f32 and the exact sums of the two halves. The quants are stored as two
 // arrays of 16-byte words (values 0-15, then 16-31), unit-contiguous, so that a warp's lanes
 // (consecutive units) read consecutive 16-byte words: no shared-memory bank conflicts.
 struct ActLayout {
   int q, d, s, bytes;
-  __host__ __device__ ActLayout(int buf_bytes, int units, int max_n) {
-    q = 3 * buf_bytes;
+  __host__ __device__ ActLayout(int buf_bytes, int n_bufs, int units, int max_n) {
+    q = n_bufs * buf_bytes;
     d = q + max_n * units * 32;
     s = d + max_n * units * 4;
     bytes = s + max_n * units * 8;
@@ -146,12 +142,8 @@ __device__ __forceinline__ void stage_act(const MmvqParams& p, int64_t group, in
   }
 }
 
-__device__ __forceinline__ float f16_arith(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-
 // Row `row_off` (byte offset in buf) against the n staged tokens: the lane chains and the
-// butterfly; lane 0 writes y[out_row(i) * rows + row]. Integer parts by masked dp4a: the quants
-// of unit b sit at bits 2 (b % 4) of each byte, so q & (3 << 2 (b % 4)) dotted with a is
-// 4^(b % 4) times the true dot, shifted back exactly (numerics.md: integer parts are exact).
+// butterfly; lane 0 writes y[out_row(i) * rows + row].
 template <GgmlType kType, bool kAligned4, int kMaxN>
 __device__ __forceinline__ void row_dot(const MmvqParams& p, const uint8_t* smem, const uint8_t* buf, const ActLayout& L,
                                         int row_off, int n, int64_t group, int64_t row) {
@@ -165,73 +157,13 @@ __device__ __forceinline__ void row_dot(const MmvqParams& p, const uint8_t* smem
 #pragma unroll
   for (int i = 0; i < kMaxN; ++i) acc[i] = 0.0f;
   for (int g = lane; g < units; g += kWarpSize) {
-    const int b = g % kQ8PerSuperBlock;
-    const int blk = row_off + (g / kQ8PerSuperBlock) * kBB;
-    const int sh = 2 * (b % 4);
-    const uint32_t mask = 0x03030303u << sh;
-    uint32_t q[8], hm[8];
-    int sc0, sc1, mn0 = 0, mn1 = 0;
-    float d, dmin = 0.0f;
-    if constexpr (kType == GgmlType::kQ2K) {
-      if constexpr (kAligned4) lds_words_aligned<8>(buf, blk + 16 + 32 * (b / 4), q);
-      else lds_words<8>(buf, blk + 16 + 32 * (b / 4), q);
-      const uint32_t sc = lds_u16(buf, blk + 2 * b);  // scales[2b], scales[2b + 1]
-      sc0 = sc & 0xF;
-      mn0 = (sc >> 4) & 0xF;
-      sc1 = (sc >> 8) & 0xF;
-      mn1 = (sc >> 12) & 0xF;
-      d = f16_arith(lds_u16(buf, blk + 80));
-      dmin = f16_arith(lds_u16(buf, blk + 82));
-    } else {
-      lds_words<8>(buf, blk + 32 + 32 * (b / 4), q);
-      lds_words<8>(buf, blk, hm);
-      const uint8_t* scales = buf + blk + 96;
-      const int j0 = 2 * b, j1 = 2 * b + 1;
-      sc0 = (((scales[j0 & 7] >> (4 * (j0 >> 3))) & 0xF) | (((scales[8 + (j0 & 3)] >> (2 * (j0 >> 2))) & 3) << 4)) - 32;
-      sc1 = (((scales[j1 & 7] >> (4 * (j1 >> 3))) & 0xF) | (((scales[8 + (j1 & 3)] >> (2 * (j1 >> 2))) & 3) << 4)) - 32;
-      d = f16_arith(lds_u16(buf, blk + 108));
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) q[k] &= mask;
-    if constexpr (kType == GgmlType::kQ3K) {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) hm[k] &= 0x01010101u << b;  // high bit of unit b: bit b
-    }
+    const int b = g & (kQ8PerSuperBlock - 1);
+    const WeightUnit u = decode_unit<kType, kAligned4>(buf, row_off + (g / kQ8PerSuperBlock) * kBB, b);
 #pragma unroll
     for (int i = 0; i < kMaxN; ++i) {
       if (i < n) {
         const int ai = i * units + g;
-        const uint4 x0 = act_q[ai], x1 = act_q[n * units + ai];
-        const int aq[8] = {static_cast<int>(x0.x), static_cast<int>(x0.y), static_cast<int>(x0.z), static_cast<int>(x0.w),
-                           static_cast<int>(x1.x), static_cast<int>(x1.y), static_cast<int>(x1.z), static_cast<int>(x1.w)};
-        const int2 hs = act_s[ai];
-        int p0 = 0, p1 = 0;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          p0 = dp4a_us(q[k], aq[k], p0);
-          p1 = dp4a_us(q[k + 4], aq[k + 4], p1);
-        }
-        p0 >>= sh;
-        p1 >>= sh;
-        if constexpr (kType == GgmlType::kQ3K) {  // quant = low - 4 + 4 high
-          int h0 = 0, h1 = 0;
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            h0 = dp4a_us(hm[k], aq[k], h0);
-            h1 = dp4a_us(hm[k + 4], aq[k + 4], h1);
-          }
-          p0 += 4 * ((h0 >> b) - hs.x);
-          p1 += 4 * ((h1 >> b) - hs.y);
-        }
-        const int A = sc0 * p0 + sc1 * p1;
-        float t;
-        if constexpr (kType == GgmlType::kQ2K) {
-          const int B = mn0 * hs.x + mn1 * hs.y;
-          t = fma_rn(d, static_cast<float>(A), -mul_rn(dmin, static_cast<float>(B)));
-        } else {
-          t = mul_rn(d, static_cast<float>(A));
-        }
-        acc[i] = fma_rn(act_d[ai], t, acc[i]);
+        acc[i] = fma_rn(act_d[ai], unit_t<kType>(u, b, act_q[ai], act_q[n * units + ai], act_s[ai]), acc[i]);
       }
     }
   }
@@ -244,24 +176,100 @@ __device__ __forceinline__ void row_dot(const MmvqParams& p, const uint8_t* smem
   }
 }
 
-// Bytes of one of the three tile buffers: W rows plus the alignment slack at both ends (and the funnel's
+// Two rows (row, row + 1 at row_off, row_off + row_bytes) against one staged token: each
+// activation load and its addressing feed both rows; the two lane chains are independent and
+// unchanged. Tail (units % 32 = r, 0 < r <= 16): lanes 0..r-1 compute t of the first row's
+// units, lanes r..2r-1 those of the second row, and the second row's t moves to its owning
+// lane by a shuffle (t is a pure function of its unit: the same bits on any lane).
+template <GgmlType kType, bool kAligned4>
+__device__ __forceinline__ void row_pair(const MmvqParams& p, const uint8_t* smem, const uint8_t* buf, const ActLayout& L,
+                                         int row_off, int64_t group, int64_t row) {
+  constexpr int kBB = kType == GgmlType::kQ2K ? 84 : 110;
+  constexpr int kStep = kWarpSize / kQ8PerSuperBlock * kBB;  // bytes per 32 units
+  const int lane = threadIdx.x % kWarpSize;
+  const int units = static_cast<int>(p.K / kQK8_1);
+  const int rb = p.row_bytes;
+  const uint4* act_q = reinterpret_cast<const uint4*>(smem + L.q);
+  const float* act_d = reinterpret_cast<const float*>(smem + L.d);
+  const int2* act_s = reinterpret_cast<const int2*>(smem + L.s);
+  const int tail = units % kWarpSize;
+  const int split = tail <= kWarpSize / 2 ? units - tail : units;  // units below: both rows per lane
+  float acc0 = 0.0f, acc1 = 0.0f;
+  {
+    const UnitPos u = unit_pos<kType>(lane & (kQ8PerSuperBlock - 1));
+    int blk = row_off + (lane / kQ8PerSuperBlock) * kBB;
+    int wb = blk & ~3;  // kStep is a multiple of 4: the alignments stay fixed
+    const int fs0 = 8 * (blk & 3), fs1 = 8 * ((blk + rb) & 3);
+    const int wb1 = ((blk + rb) & ~3) - wb;
+    for (int g = lane; g < split; g += kWarpSize, blk += kStep, wb += kStep) {
+      const uint4 x0 = act_q[g], x1 = act_q[units + g];
+      const int aq[8] = {static_cast<int>(x0.x), static_cast<int>(x0.y), static_cast<int>(x0.z), static_cast<int>(x0.w),
+                         static_cast<int>(x1.x), static_cast<int>(x1.y), static_cast<int>(x1.z), static_cast<int>(x1.w)};
+      const int2 hs = act_s[g];
+      const int hs16 = static_cast<int>(__byte_perm(hs.x, hs.y, 0x5410));
+      const float d8 = act_d[g];
+      const float t0 = pos_t<kType, kAligned4>(buf, blk, wb, fs0, u, aq, hs, hs16);
+      const float t1 = pos_t<kType, kAligned4>(buf, blk + rb, wb + wb1, fs1, u, aq, hs, hs16);
+      acc0 = fma_rn(d8, t0, acc0);
+      acc1 = fma_rn(d8, t1, acc1);
+    }
+  }
+  if (split < units) {  // warp-uniform
+    const int second = lane >= tail ? 1 : 0;
+    const int g = split + lane - second * tail;
+    float t = 0.0f;
+    if (lane < 2 * tail) {
+      const UnitPos u = unit_pos<kType>(g & (kQ8PerSuperBlock - 1));
+      const uint4 x0 = act_q[g], x1 = act_q[units + g];
+      const int aq[8] = {static_cast<int>(x0.x), static_cast<int>(x0.y), static_cast<int>(x0.z), static_cast<int>(x0.w),
+                         static_cast<int>(x1.x), static_cast<int>(x1.y), static_cast<int>(x1.z), static_cast<int>(x1.w)};
+      const int2 hs = act_s[g];
+      const int blk = row_off + second * rb + (g / kQ8PerSuperBlock) * kBB;
+      t = pos_t<kType, kAligned4>(buf, blk, blk & ~3, 8 * (blk & 3), u, aq, hs,
+                                  static_cast<int>(__byte_perm(hs.x, hs.y, 0x5410)));
+    }
+    const float t1 = __shfl_down_sync(0xFFFFFFFFu, t, tail);
+    if (lane < tail) {
+      const float d8 = act_d[g];
+      acc0 = fma_rn(d8, t, acc0);
+      acc1 = fma_rn(d8, t1, acc1);
+    }
+  }
+  const float v0 = warp_butterfly(acc0);
+  const float v1 = warp_butterfly(acc1);
+  if (lane == 0) {
+    float* y = p.y + static_cast<int64_t>(out_row(p, group, 0)) * p.rows + row;
+    y[0] = v0;
+    y[1] = v1;
+  }
+}
+
+// Tile buffers of the kernel with kR rows per warp.
+__host__ __device__ constexpr int mmvq_buffers(int r) { return r == 1 ? 3 : 2; }
+
+// Bytes of one of the tile buffers: W rows plus the alignment slack at both ends (and the funnel's
 // one-word over-read).
 __host__ __device__ constexpr int tile_buffer_bytes(int warps, int row_bytes) {
   return (warps * row_bytes + 48 + 15) / 16 * 16;
 }
 
-// 64 registers at most, so that 2048 threads fit an SM. Block b walks the contiguous tiles
-// [b * tiles / grid, (b + 1) * tiles / grid): consecutive row blocks of mostly one group, so the
-// activation is staged once per group change and the weight reads are sequential. Three tile
-// buffers: tiles t + 1 and t + 2 are in flight while tile t is computed.
-template <GgmlType kType, int kWarps>
-__global__ void __launch_bounds__(kWarps * kWarpSize, 32 / kWarps) mmvq_kernel(MmvqParams p) {
+// kR rows per warp (1, or 2 for one-token launches: row_pair), so a tile is kR * kWarps rows.
+// kR = 1: 64 registers at most (1024 threads per SM) and three tile buffers (tiles t + 1 and
+// t + 2 in flight while tile t is computed). kR = 2: 85 registers at most (768 threads per SM)
+// and two buffers of twice the rows (tile t + 1 in flight), so that 24 warps fit an SM: the
+// pair loop is issue bound, and occupancy pays more than a deeper copy pipeline. Block b walks
+// the contiguous tiles [b * tiles / grid, (b + 1) * tiles / grid): consecutive row blocks of
+// mostly one group, so the activation is staged once per group change and the weight reads
+// are sequential.
+template <GgmlType kType, int kWarps, int kR>
+__global__ void __launch_bounds__(kWarps * kWarpSize, kR == 1 ? 32 / kWarps : 24 / kWarps) mmvq_kernel(MmvqParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kThreads = kWarps * kWarpSize;
-  const int buf_bytes = tile_buffer_bytes(kWarps, p.row_bytes);
+  constexpr int kTileRows = kWarps * kR;
+  const int buf_bytes = tile_buffer_bytes(kTileRows, p.row_bytes);
   const int units = static_cast<int>(p.K / kQK8_1);
-  const ActLayout L(buf_bytes, units, p.max_n);
-  const int rb = static_cast<int>((p.rows + kWarps - 1) / kWarps);  // row blocks per group
+  const ActLayout L(buf_bytes, mmvq_buffers(kR), units, p.max_n);
+  const int rb = static_cast<int>((p.rows + kTileRows - 1) / kTileRows);  // row blocks per group
   const int64_t tiles = static_cast<int64_t>(rb) * p.n_groups;
   const int64_t t_begin = tiles * blockIdx.x / gridDim.x, t_end = tiles * (blockIdx.x + 1) / gridDim.x;
   const int n_tiles = static_cast<int>(t_end - t_begin);
@@ -279,11 +287,11 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 32 / kWarps) mmvq_kernel(M
     return c;
   };
   auto tile_start = [&](Cursor c, const GroupInfo& gi) {
-    return gi.base + static_cast<int64_t>(c.rblk) * kWarps * p.row_bytes;
+    return gi.base + static_cast<int64_t>(c.rblk) * kTileRows * p.row_bytes;
   };
   auto tile_rows = [&](Cursor c) {
-    const int64_t left = p.rows - static_cast<int64_t>(c.rblk) * kWarps;
-    return static_cast<int>(left < kWarps ? left : kWarps);
+    const int64_t left = p.rows - static_cast<int64_t>(c.rblk) * kTileRows;
+    return static_cast<int>(left < kTileRows ? left : kTileRows);
   };
   auto issue = [&](Cursor c, const GroupInfo& gi, int k) {
     const uint8_t* s = tile_start(c, gi);
@@ -298,20 +306,32 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 32 / kWarps) mmvq_kernel(M
     issue(c0, g0, 0);
   }
   __pipeline_commit();
-  if (n_tiles > 1) {
-    g1 = group_info(p, c1.group);
-    issue(c1, g1, 1);
+  constexpr int kBufs = mmvq_buffers(kR);
+  if constexpr (kBufs == 3) {
+    if (n_tiles > 1) {
+      g1 = group_info(p, c1.group);
+      issue(c1, g1, 1);
+    }
+    __pipeline_commit();
   }
-  __pipeline_commit();
   int k = 0;
   int staged = -1;
   for (int i = 0; i < n_tiles; ++i) {
-    if (i + 2 < n_tiles) {
-      g2 = group_info(p, c2.group);
-      issue(c2, g2, k == 0 ? 2 : k - 1);  // the buffer tile i - 1 used
+    if constexpr (kBufs == 3) {
+      if (i + 2 < n_tiles) {
+        g2 = group_info(p, c2.group);
+        issue(c2, g2, k == 0 ? 2 : k - 1);  // the buffer tile i - 1 used
+      }
+      __pipeline_commit();
+      __pipeline_wait_prior(2);  // tile i has landed
+    } else {
+      if (i + 1 < n_tiles) {
+        g1 = group_info(p, c1.group);
+        issue(c1, g1, k ^ 1);  // the buffer tile i - 1 used
+      }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);  // tile i has landed
     }
-    __pipeline_commit();
-    __pipeline_wait_prior(2);  // tile i has landed
     __syncthreads();
     const int key = p.form == Form::kExperts && !p.a_per_expert ? 0 : c0.group;
     if (key != staged) {  // block-uniform
@@ -320,15 +340,25 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 32 / kWarps) mmvq_kernel(M
       __syncthreads();
     }
     const int warp = threadIdx.x / kWarpSize;
-    if (warp < tile_rows(c0)) {
+    const int tr = tile_rows(c0);
+    const int first = kR * warp;  // the warp's first row in the tile
+    if (first < tr) {
       const int align_off = static_cast<int>(reinterpret_cast<uintptr_t>(tile_start(c0, g0)) & 15);
-      const int row_off = align_off + warp * p.row_bytes;
+      const int row_off = align_off + first * p.row_bytes;
       const uint8_t* buf = smem + k * buf_bytes;
-      const int64_t row = static_cast<int64_t>(c0.rblk) * kWarps + warp;
+      const int64_t row = static_cast<int64_t>(c0.rblk) * kTileRows + first;
       // Q2_K blocks are 84 bytes: all 4-byte aligned when the tile's first row is (uniform).
       // One token (the one-token form) gets its own code: no guards for seven absent tokens.
       const bool aligned = kType == GgmlType::kQ2K && ((align_off | p.row_bytes) & 3) == 0;
-      if (g0.n == 1) {
+      if constexpr (kR == 2) {  // launched only with one token per group (n is 0 or 1)
+        if (g0.n == 1 && first + 1 < tr) {
+          if (aligned) row_pair<kType, true>(p, smem, buf, L, row_off, c0.group, row);
+          else row_pair<kType, false>(p, smem, buf, L, row_off, c0.group, row);
+        } else if (g0.n == 1) {
+          if (aligned) row_dot<kType, true, 1>(p, smem, buf, L, row_off, 1, c0.group, row);
+          else row_dot<kType, false, 1>(p, smem, buf, L, row_off, 1, c0.group, row);
+        }
+      } else if (g0.n == 1) {
         if (aligned) row_dot<kType, true, 1>(p, smem, buf, L, row_off, 1, c0.group, row);
         else row_dot<kType, false, 1>(p, smem, buf, L, row_off, 1, c0.group, row);
       } else {
@@ -342,16 +372,17 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 32 / kWarps) mmvq_kernel(M
     c2 = advance(c2);
     g0 = g1;
     g1 = g2;
-    k = k == 2 ? 0 : k + 1;
+    k = k == kBufs - 1 ? 0 : k + 1;
   }
 }
 
-template <GgmlType kType, int kWarps>
+template <GgmlType kType, int kWarps, int kR>
 void launch_one(const MmvqParams& p, void* stream) {
-  const int smem = ActLayout(tile_buffer_bytes(kWarps, p.row_bytes), static_cast<int>(p.K / kQK8_1), p.max_n).bytes;
+  const int smem = ActLayout(tile_buffer_bytes(kWarps * kR, p.row_bytes), mmvq_buffers(kR), static_cast<int>(p.K / kQK8_1),
+                             p.max_n).bytes;
   static int smem_set = 48 * 1024;  // the dynamic shared-memory limit, raised when needed
   if (smem > smem_set) {
-    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(mmvq_kernel<kType, kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(mmvq_kernel<kType, kWarps, kR>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     smem_set = smem;
   }
   // Persistent grid: as many blocks as fit the device at once, at most one per tile.
@@ -359,25 +390,25 @@ void launch_one(const MmvqParams& p, void* stream) {
   static int resident_smem = -1;
   if (resident_smem != smem) {
     int per_sm = 0, dev = 0, sms = 0;
-    MOECHECK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mmvq_kernel<kType, kWarps>,
+    MOECHECK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mmvq_kernel<kType, kWarps, kR>,
                                                                       kWarps * kWarpSize, smem));
     MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
     MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     resident = per_sm * sms;
     resident_smem = smem;
   }
-  const int64_t tiles = (p.rows + kWarps - 1) / kWarps * p.n_groups;
+  const int64_t tiles = (p.rows + kWarps * kR - 1) / (kWarps * kR) * p.n_groups;
   const int64_t grid = tiles < resident ? tiles : resident;
-  mmvq_kernel<kType, kWarps><<<static_cast<unsigned>(grid), kWarps * kWarpSize, smem, as_stream(stream)>>>(p);
+  mmvq_kernel<kType, kWarps, kR><<<static_cast<unsigned>(grid), kWarps * kWarpSize, smem, as_stream(stream)>>>(p);
   MOECHECK_CUDA_LAUNCHED();
 }
 
-template <GgmlType kType>
+template <GgmlType kType, int kR>
 void launch_warps(const MmvqParams& p, int warps, void* stream) {
   switch (warps) {
-    case 2: launch_one<kType, 2>(p, stream); break;
-    case 4: launch_one<kType, 4>(p, stream); break;
-    default: launch_one<kType, 8>(p, stream); break;
+    case 2: launch_one<kType, 2, kR>(p, stream); break;
+    case 4: launch_one<kType, 4, kR>(p, stream); break;
+    default: launch_one<kType, 8, kR>(p, stream); break;
   }
 }
 
@@ -397,7 +428,8 @@ void launch(MmvqParams p, GgmlType t, int64_t n_groups, int max_n, int warps, co
   p.max_n = max_n;
   const int64_t smem = p.K > (int64_t{1} << 20)
                            ? int64_t{1} << 40
-                           : ActLayout(tile_buffer_bytes(warps, p.row_bytes), static_cast<int>(p.K / kQK8_1), max_n).bytes;
+                           : ActLayout(tile_buffer_bytes(warps, p.row_bytes), mmvq_buffers(1), static_cast<int>(p.K / kQK8_1), max_n)
+                                 .bytes;
   if (smem > 200 * 1024)
     throw InputError(where + "K=" + std::to_string(p.K) + " with " + std::to_string(max_n) + " tokens per group needs " +
                      std::to_string(smem) + " bytes of shared memory at " + std::to_string(warps) +
@@ -406,10 +438,16 @@ void launch(MmvqParams p, GgmlType t, int64_t n_groups, int max_n, int warps, co
   p.n_groups = n_groups;
   require_aligned(p.a, 4, op, "a");
   require_aligned(p.y, 4, op, "y");
+  // One token per group: two rows per warp (row_pair) when the doubled tiles fit.
+  const bool pair = max_n == 1 && ActLayout(tile_buffer_bytes(2 * warps, p.row_bytes), mmvq_buffers(2),
+                                            static_cast<int>(p.K / kQK8_1), 1)
+                                          .bytes <= 200 * 1024;
   if (t == GgmlType::kQ2K) {
-    launch_warps<GgmlType::kQ2K>(p, warps, stream);
+    if (pair) launch_warps<GgmlType::kQ2K, 2>(p, warps, stream);
+    else launch_warps<GgmlType::kQ2K, 1>(p, warps, stream);
   } else {
-    launch_warps<GgmlType::kQ3K>(p, warps, stream);
+    if (pair) launch_warps<GgmlType::kQ3K, 2>(p, warps, stream);
+    else launch_warps<GgmlType::kQ3K, 1>(p, warps, stream);
   }
 }
 
