@@ -17,6 +17,7 @@
 #include "emulate/numfmt.h"
 #include "emulate/quantize.h"
 #include "emulate/schedule.h"
+#include "reference/emu_bounds.h"
 
 namespace moecheck::emutest {
 
@@ -102,14 +103,8 @@ inline std::vector<uint8_t> make_rows(Gen& g, GgmlType t, int64_t rows, int64_t 
   return out;
 }
 
-// docs/numerics.md "q8_1 step": |x_i - q_i d16| <= d/2 + 128 u d + 127 |d - d16| + max(0, amax - 127 d).
-inline double q8_block_bound(const float* x) {
-  double amax = 0;
-  for (int i = 0; i < kQK8_1; ++i) amax = std::fmax(amax, std::fabs(static_cast<double>(x[i])));
-  const float d = div_rn(static_cast<float>(amax), 127.0f);
-  const double d16 = f16_to_f32(f32_to_f16(d));
-  return d / 2.0 + 128.0 * kU * d + 127.0 * std::fabs(d - d16) + std::fmax(0.0, amax - 127.0 * d);
-}
+// docs/numerics.md "q8_1 step" bound; the formula lives once, in reference/emu_bounds.cpp.
+inline double q8_block_bound(const float* x) { return ref::q8_block_bound(x); }
 
 // Unit integer parts straight from the contract, with the per-element decoders of blocks.h.
 struct UnitInts { int64_t A = 0, B = 0; float d = 0, dmin = 0; };
@@ -151,31 +146,11 @@ inline float mmvq_replay(GgmlType t, const uint8_t* row, const BlockQ8_1* a, int
   return butterfly(lane);
 }
 
-// Exact value (f64 on the reference's dequantised weights) and the derived bound of
-// docs/numerics.md "MMVQ" for one (row, token); x is the f32 row the q8_1 blocks came from.
-struct Bounded { double exact = 0, bound = 0, mag = 0; };  // mag = sum |w_k x_k|
-// eblk: the per-unit q8_1 step bounds of x when the caller has them (they depend on x only).
-inline Bounded mmvq_exact_bound(GgmlType t, const uint8_t* row, const BlockQ8_1* a,
-                                const float* x, int64_t K, const double* eblk = nullptr) {
-  std::vector<float> w(static_cast<size_t>(K));
-  dequantize_row(t, row, w.data(), K);
-  const int64_t units = K / kQK8_1;
-  const int64_t depth = (units + kWarpSize - 1) / kWarpSize + 5 + 2;
-  double exact = 0, qerr = 0, mag_wx = 0, M = 0;
-  for (int64_t g = 0; g < units; ++g) {
-    const double e_blk = eblk ? eblk[g] : q8_block_bound(x + g * kQK8_1);
-    for (int l = 0; l < kQK8_1; ++l) {
-      const double wk = w[g * kQK8_1 + l], xk = x[g * kQK8_1 + l];
-      exact += wk * xk;
-      qerr += std::fabs(wk) * e_blk;
-      mag_wx += std::fabs(wk * xk);
-    }
-    const UnitInts u = unit_ints(t, row, a[g], g);
-    M += std::fabs(static_cast<double>(f16_to_f32(a[g].d))) *
-         (std::fabs(static_cast<double>(u.d) * static_cast<double>(u.A)) +
-          std::fabs(static_cast<double>(u.dmin) * static_cast<double>(u.B)));
-  }
-  return {exact, (1 + 2 * kU) * qerr + gamma(depth) * M + (kU + gamma64(K)) * mag_wx, mag_wx};
+// docs/numerics.md "MMVQ" exact value and bound for one (row, token): reference/emu_bounds.cpp.
+using Bounded = ref::MmvqBound;
+inline Bounded mmvq_exact_bound(GgmlType t, const uint8_t* row, const BlockQ8_1* a, const float* x, int64_t K,
+                                const double* eblk = nullptr) {
+  return ref::mmvq_exact_bound(t, row, a, x, K, eblk);
 }
 
 inline std::string hex(float v) {

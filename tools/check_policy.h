@@ -1,19 +1,27 @@
 // What `moecheck check` calls agreement between the implementations (docs/cli.md "check"):
-// emu = cuda bit for bit on every stage; ref ~ emu within a stated NMSE bound per stage, with
-// routing flips accepted only when the flipped token's margin is within what the router-logit
-// difference can explain. The bounds are measured and derived in docs/cli.md.
+// emu = cuda bit for bit on every stage; ref ~ emu (or ref ~ cuda) within the bounds derived in
+// docs/numerics.md "Error bounds vs the reference's Exact mode" (reference/emu_bounds.h), stage by
+// stage, routing flips only where the logit bound explains them. NMSE of ref ~ emu against the
+// reference in the requested precision is measured for information only.
 #pragma once
 
 #include <string>
 
 #include "golden/dump_diff.h"
+#include "reference/emu_bounds.h"
 
 namespace moecheck::cli {
 
-// Options of the ref ~ emu (or ref ~ cuda) leg. A K-quant shared expert (gate/up Q2_K, down
-// Q3_K through the routed kernels) gets the routed experts' bounds on its stages.
-DiffOptions ref_leg_options(bool kquant_shared = false);
+// Options of the informational ref ~ emu dump comparison: NMSE per stage with no limit, except
+// the input (both sides must have run on the same bits) and shared.weights (1 on both sides).
+DiffOptions ref_info_options();
 // Options of the emu = cuda leg: exact everywhere.
 DiffOptions exact_leg_options();
+
+// The ref ~ emu verdict of one layer: every stage within its derived bound, every routing flip
+// explained, and the same input bits on both sides (`info` is the NMSE comparison of the dumps).
+bool ref_leg_pass(const LayerDiff& info, const ref::BoundsReport& bounds);
+// The first thing that broke in pipeline order ("input" before any bound); "" when it passes.
+std::string ref_leg_first_failing(const LayerDiff& info, const ref::BoundsReport& bounds);
 
 }  // namespace moecheck::cli

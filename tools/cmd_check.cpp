@@ -1,10 +1,12 @@
 // `moecheck check`: the main job. Runs every available implementation on the same inputs
-// (the embedded default model when no --model is given), compares ref ~ emu within the stated
-// bounds and emu = cuda bit for bit, and prints one three-way table per layer with the first
-// stage that broke on each leg, the routing histogram and the output norms.
+// (the embedded default model when no --model is given), compares ref ~ emu within the bounds
+// derived against the reference in Exact mode (reference/emu_bounds.h; NMSE shown for
+// information) and emu = cuda bit for bit, and prints one three-way table per layer with the
+// first stage that broke on each leg, the routing histogram and the output norms.
 // Contract: docs/cli.md "check", tools/check_policy.h.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -13,6 +15,7 @@
 #include "emulate/numfmt.h"
 #include "golden/dump_diff.h"
 #include "golden/generator.h"
+#include "reference/emu_bounds.h"
 #include "tools/check_policy.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
@@ -35,8 +38,11 @@ struct CheckArgs {
 
 struct Leg {
   std::string name;  // "ref~emu", "emu=cuda"
-  DiffReport report;
-  std::vector<int64_t> explained;  // per layer
+  DiffReport report;  // ref~emu: the NMSE comparison (information); emu=cuda: the verdict
+  std::vector<ref::BoundsReport> bounds;  // ref~emu: the verdict, per layer
+  std::vector<bool> pass;                 // per layer
+  std::vector<std::string> first_failing; // per layer
+  bool exact = false;
 };
 
 double l2(const std::vector<uint16_t>& y) {
@@ -45,22 +51,69 @@ double l2(const std::vector<uint16_t>& y) {
   return std::sqrt(s);
 }
 
-std::string cell(const StageDiff* s, bool exact, const DiffOptions& o) {
+const StageDiff* find_stage(const LayerDiff& l, const std::string& stage) {
+  for (const StageDiff& x : l.stages)
+    if (x.stage == stage) return &x;
+  return nullptr;
+}
+
+// emu=cuda cell: bitwise or how many values differ.
+std::string exact_cell(const StageDiff* s) {
   if (s == nullptr) return "not run";
   if (s->status == "absent") return "-";
   if (!s->status.empty()) return std::string(s->pass ? "n/a " : "FAIL ") + "(" + s->status + ")";
-  std::string v = s->pass ? "ok   " : "FAIL ";
+  const std::string v = s->pass ? "ok   " : "FAIL ";
   if (s->stage == "topk_ids") return v + std::to_string(s->out_of_tol) + " flip(s)";
-  if (exact || s->dtype == "block_q8_1") return v + (s->out_of_tol == 0 ? "bitwise" : std::to_string(s->out_of_tol) + " differ");
-  auto it = o.stage_tolerance.find(s->stage);
-  const Tolerance& t = it != o.stage_tolerance.end() ? it->second : o.tolerance;
-  if (t.mode == ToleranceMode::kExact) return v + (s->out_of_tol == 0 ? "bitwise" : std::to_string(s->out_of_tol) + " differ");
-  return v + "nmse " + fmt_num(s->nmse) + " <= " + fmt_num(t.nmse);
+  return v + (s->out_of_tol == 0 ? "bitwise" : std::to_string(s->out_of_tol) + " differ");
+}
+
+// A ratio below 1 never prints as "1" (0.99995 -> 0.999): the cell must not look like a bound hit.
+std::string ratio_text(double r) {
+  const std::string t = fmt_num(r);
+  return r < 1 && std::atof(t.c_str()) >= 1 ? "0.999" : t;
+}
+
+// ref~emu verdict cell: the worst |diff| / bound of the stage, its routing flips, or the input's bits.
+std::string bound_cell(const StageDiff* info, const ref::BoundsReport& b) {
+  const std::string stage = info ? info->stage : "";
+  if (stage == "input" || stage == "shared.weights")
+    return info->pass ? "ok   same bits" : "FAIL " + std::to_string(info->out_of_tol) + " differ";
+  if (stage == "topk_ids") {
+    if (b.flips == 0) return "ok   0 flips";
+    return b.unexplained_flips == 0 ? "ok   " + std::to_string(b.flips) + " flip(s) explained"
+                                    : "FAIL " + std::to_string(b.unexplained_flips) + " of " + std::to_string(b.flips) +
+                                          " flip(s) unexplained";
+  }
+  const ref::StageCheck* s = b.stage(stage);
+  if (s == nullptr) return "-";
+  if (s->checked == 0) return "-   (none checked)";
+  if (s->violations == 0) return "ok   " + ratio_text(s->worst_ratio) + " of bound";
+  return "FAIL " + std::to_string(s->violations) + " over, worst " + fmt_num(s->worst_ratio);
+}
+
+// NMSE (information) cell.
+std::string nmse_cell(const StageDiff* s) {
+  if (s == nullptr) return "-";
+  if (!s->status.empty()) return s->status;
+  if (s->stage == "topk_ids") return std::to_string(s->out_of_tol) + " flip(s)";
+  return fmt_num(s->nmse);
 }
 
 std::string pad(std::string s, size_t n) {
   if (s.size() < n) s.resize(n, ' ');
   return s + " ";
+}
+
+void bounds_json(Json& j, const ref::BoundsReport& b) {
+  j.begin_object().kv("layer", b.layer).kv("ok", b.ok()).kv("first_failing", b.first_failing());
+  j.kv("flips", b.flips).kv("unexplained_flips", b.unexplained_flips).key("flip_lines").begin_array();
+  for (const std::string& l : b.flip_lines) j.value(l);
+  j.end_array().key("stages").begin_array();
+  for (const ref::StageCheck& s : b.stages) {
+    j.begin_object().kv("stage", s.stage).kv("checked", s.checked).kv("violations", s.violations);
+    j.kv("worst_ratio", s.worst_ratio).kv("first_violation", s.first_violation).end_object();
+  }
+  j.end_array().end_object();
 }
 
 int run_check(const CheckArgs& a, bool impls_given) {
@@ -97,6 +150,9 @@ int run_check(const CheckArgs& a, bool impls_given) {
   spec.knobs.precision = a.precision == "exact" ? RefPrecision::kExact : RefPrecision::kModel;
   if (!a.layers.empty()) spec.layers = parse_layer_list(a.layers);
   const int64_t n_layers = spec.layers.empty() ? m.file.n_layers() : static_cast<int64_t>(spec.layers.size());
+  auto has = [&](Impl i) { return dumps.count(i) > 0; };
+  // The ref leg's verdict runs the reference once more, in Exact mode, inside the bounds check.
+  std::vector<LayerTaps> exact;
   {
     Progress p("check", n_layers * static_cast<int64_t>(wanted.size()), !a.json);
     for (Impl i : kAllImpls) {
@@ -119,37 +175,52 @@ int run_check(const CheckArgs& a, bool impls_given) {
     for (auto& [i, d] : dumps) write_dump(a.keep + "/" + impl_name(i) + ".h5", d);
   }
 
-  const int first_layer = dumps.begin()->second.meta.layers.front();
-  const bool kquant_shared = m.file.layer(first_layer).shared_gate.type != GgmlType::kBF16;
-  const DiffOptions ref_options = ref_leg_options(kquant_shared);
   std::vector<Leg> legs;
-  auto has = [&](Impl i) { return dumps.count(i) > 0; };
   if (has(Impl::kRef) && (has(Impl::kEmu) || has(Impl::kCuda))) {
+    // emu when it ran, else cuda (whose every bit the emulation's contract fixes).
     const Impl other = has(Impl::kEmu) ? Impl::kEmu : Impl::kCuda;
-    DiffOptions o = ref_leg_options(kquant_shared);
+    DiffOptions o = ref_info_options();
     std::vector<std::vector<float>> bias(static_cast<size_t>(m.file.n_layers()));
     for (int L : dumps.at(Impl::kRef).meta.layers) {
       const LayerWeights w = m.file.layer(L);
       bias[L].assign(w.bias, w.bias + c.n_routed);
     }
     o.bias = [&bias](int L) { return bias[static_cast<size_t>(L)].data(); };
-    Leg leg{"ref~" + impl_name(other), diff_dumps(dumps.at(Impl::kRef), dumps.at(other), o), {}};
+    Leg leg{"ref~" + impl_name(other), diff_dumps(dumps.at(Impl::kRef), dumps.at(other), o), {}, {}, {}, false};
+    Progress p("bounds", n_layers, !a.json);
+    const Dump& od = dumps.at(other);
     leg.report.same = true;
-    for (LayerDiff& l : leg.report.layers) {
-      leg.explained.push_back(explain_flips(l, c.gate_temp));
-      leg.report.same = leg.report.same && l.pass;
+    for (size_t li = 0; li < od.layers.size(); ++li) {
+      const LayerTaps& t = od.layers[li];
+      exact.emplace_back();
+      leg.bounds.push_back(ref::check_emu_against_exact(m.file.layer(t.layer), t, spec.knobs.router, &exact.back()));
+      const LayerDiff& info = leg.report.layers[li];
+      leg.pass.push_back(ref_leg_pass(info, leg.bounds.back()));
+      leg.first_failing.push_back(ref_leg_first_failing(info, leg.bounds.back()));
+      leg.report.same = leg.report.same && leg.pass.back();
+      p.step("layer " + std::to_string(t.layer) + " bounds");
     }
     legs.push_back(std::move(leg));
   }
   if (has(Impl::kEmu) && has(Impl::kCuda)) {
-    Leg leg{"emu=cuda", diff_dumps(dumps.at(Impl::kEmu), dumps.at(Impl::kCuda), exact_leg_options()), {}};
-    leg.explained.assign(leg.report.layers.size(), 0);
+    Leg leg{"emu=cuda", diff_dumps(dumps.at(Impl::kEmu), dumps.at(Impl::kCuda), exact_leg_options()), {}, {}, {}, true};
+    for (const LayerDiff& l : leg.report.layers) {
+      leg.pass.push_back(l.pass);
+      leg.first_failing.push_back(l.first_failing);
+    }
     legs.push_back(std::move(leg));
   }
   bool pass = true;
   for (const Leg& l : legs) pass = pass && l.report.same;
 
   const Dump& main_dump = has(Impl::kEmu) ? dumps.at(Impl::kEmu) : dumps.begin()->second;
+  // Output norms: every implementation run, and the Exact reference when the ref run was Model.
+  auto norms_of = [&](size_t li) {
+    std::vector<std::pair<std::string, double>> n;
+    for (const auto& [i, d] : dumps) n.emplace_back(impl_name(i), l2(d.layers[li].output));
+    if (!exact.empty() && spec.knobs.precision != RefPrecision::kExact) n.emplace_back("ref-exact", l2(exact[li].output));
+    return n;
+  };
 
   if (a.json) {
     Json j;
@@ -160,7 +231,16 @@ int run_check(const CheckArgs& a, bool impls_given) {
     for (const auto& [i, why] : not_run) j.kv(impl_name(i), why);
     j.end_object().key("legs").begin_array();
     for (const Leg& l : legs) {
-      j.begin_object().kv("leg", l.name).key("report");
+      j.begin_object().kv("leg", l.name).kv("pass", l.report.same).key("first_failing").begin_array();
+      for (const std::string& f : l.first_failing) j.value(f);
+      j.end_array();
+      if (!l.exact) {
+        j.key("bounds").begin_array();
+        for (const ref::BoundsReport& b : l.bounds) bounds_json(j, b);
+        j.end_array().key("nmse_info");
+      } else {
+        j.key("report");
+      }
       diff_json(j, l.report);
       j.end_object();
     }
@@ -172,7 +252,7 @@ int run_check(const CheckArgs& a, bool impls_given) {
       for (int32_t e : t.topk_ids) ++hist[e];
       for (int64_t h : hist) j.value(h);
       j.end_array().key("output_l2").begin_object();
-      for (const auto& [i, d] : dumps) j.kv(impl_name(i), l2(d.layers[li].output));
+      for (const auto& [name, v] : norms_of(li)) j.kv(name, v);
       j.end_object().end_object();
     }
     j.end_array().kv("pass", pass).end_object();
@@ -191,40 +271,58 @@ int run_check(const CheckArgs& a, bool impls_given) {
   }
   std::printf("  ran: %s\n", ran.c_str());
   for (const auto& [i, why] : not_run) std::printf("  not run: %s: %s\n", impl_name(i).c_str(), why.c_str());
-  std::printf("  legs: ref~emu within per-stage NMSE bounds (docs/cli.md), emu=cuda bit for bit\n");
+  std::printf("  legs: ref~emu within the bounds derived against the reference in Exact mode (docs/numerics.md),\n"
+              "        column 'bound': worst |diff| / bound; column 'nmse': vs the ref run above, information only;\n"
+              "        emu=cuda bit for bit\n");
 
   // The emu=cuda column stays in the table when cuda could not run, saying so.
   const bool cuda_column_idle = not_run.count(Impl::kCuda) > 0 && has(Impl::kEmu);
   for (size_t li = 0; li < main_dump.layers.size(); ++li) {
     const LayerTaps& t = main_dump.layers[li];
     std::printf("\nlayer %d\n  %s", t.layer, pad("stage", 15).c_str());
-    for (const Leg& l : legs) std::printf("%s", pad(l.name, 30).c_str());
-    if (cuda_column_idle) std::printf("%s", pad("emu=cuda", 30).c_str());
+    for (const Leg& l : legs) {
+      if (l.exact) std::printf("%s", pad(l.name, 16).c_str());
+      else std::printf("%s%s", pad(l.name + " bound", 28).c_str(), pad(l.name + " nmse", 14).c_str());
+    }
+    if (cuda_column_idle) std::printf("%s", pad("emu=cuda", 16).c_str());
     if (legs.empty()) std::printf("(one implementation ran: nothing to compare)");
     std::printf("\n");
     const std::vector<StageDiff>& stages = legs.empty() ? std::vector<StageDiff>{} : legs[0].report.layers[li].stages;
     for (size_t si = 0; si < stages.size(); ++si) {
       std::printf("  %s", pad(stages[si].stage, 15).c_str());
       for (const Leg& l : legs) {
-        const StageDiff* s = nullptr;
-        for (const StageDiff& x : l.report.layers[li].stages)
-          if (x.stage == stages[si].stage) s = &x;
-        std::printf("%s", pad(cell(s, l.name == "emu=cuda", ref_options), 30).c_str());
+        const StageDiff* s = find_stage(l.report.layers[li], stages[si].stage);
+        if (l.exact) std::printf("%s", pad(exact_cell(s), 16).c_str());
+        else std::printf("%s%s", pad(bound_cell(s, l.bounds[li]), 28).c_str(), pad(nmse_cell(s), 14).c_str());
       }
       if (cuda_column_idle) std::printf("not run");
       std::printf("\n");
     }
     for (const Leg& l : legs) {
-      const LayerDiff& ld = l.report.layers[li];
-      std::printf("  %s: %s", l.name.c_str(), ld.pass ? "agree" : ("BROKE first at " + ld.first_failing).c_str());
-      if (ld.routing.flips > 0)
-        std::printf(" (%lld routing flip(s), %lld explained by logit differences)", static_cast<long long>(ld.routing.flips),
-                    static_cast<long long>(l.explained[li]));
+      std::printf("  %s: %s", l.name.c_str(), l.pass[li] ? "agree" : ("BROKE first at " + l.first_failing[li]).c_str());
+      if (l.exact) {
+        std::printf("\n");
+        const LayerDiff& ld = l.report.layers[li];
+        if (!ld.pass)
+          if (const StageDiff* s = find_stage(ld, ld.first_failing))
+            for (size_t k = 0; k < s->first.size() && k < 3; ++k) std::printf("    %s\n", mismatch_line(s->first[k], s->dtype).c_str());
+        continue;
+      }
+      const ref::BoundsReport& b = l.bounds[li];
+      if (b.flips > 0)
+        std::printf(" (%lld routing flip(s), %lld explained by the logit bound)", static_cast<long long>(b.flips),
+                    static_cast<long long>(b.flips - b.unexplained_flips));
       std::printf("\n");
-      if (!ld.pass)
-        for (const StageDiff& s : ld.stages)
-          if (s.stage == ld.first_failing)
-            for (size_t k = 0; k < s.first.size() && k < 3; ++k) std::printf("    %s\n", mismatch_line(s.first[k], s.dtype).c_str());
+      for (size_t k = 0; k < b.flip_lines.size() && k < 3; ++k) std::printf("    %s\n", b.flip_lines[k].c_str());
+      if (l.pass[li]) continue;
+      if (const StageDiff* s = find_stage(l.report.layers[li], l.first_failing[li]);
+          s != nullptr && (s->stage == "input" || s->stage == "shared.weights")) {
+        for (size_t k = 0; k < s->first.size() && k < 3; ++k) std::printf("    %s\n", mismatch_line(s->first[k], s->dtype).c_str());
+      }
+      for (const ref::StageCheck& s : b.stages)
+        if (s.violations > 0) std::printf("    %s: %lld of %lld over; first: %s\n", s.stage.c_str(),
+                                          static_cast<long long>(s.violations), static_cast<long long>(s.checked),
+                                          s.first_violation.c_str());
     }
     std::vector<int64_t> hist(static_cast<size_t>(c.n_routed), 0);
     for (int32_t e : t.topk_ids) ++hist[e];
@@ -236,9 +334,9 @@ int run_check(const CheckArgs& a, bool impls_given) {
       }
     std::printf("  routing (%s): tokens per expert %s\n", main_dump.meta.implementation.c_str(), h.c_str());
     std::string norms;
-    for (const auto& [i, d] : dumps) {
+    for (const auto& [name, v] : norms_of(li)) {
       char buf[64];
-      std::snprintf(buf, sizeof buf, "%s %.6g", impl_name(i).c_str(), l2(d.layers[li].output));
+      std::snprintf(buf, sizeof buf, "%s %.6g", name.c_str(), v);
       if (!norms.empty()) norms += ", ";
       norms += buf;
     }
@@ -257,7 +355,9 @@ void add_check(CLI::App& app, int& rc) {
             "  moecheck check                                # embedded default: tiny, 2 layers, seed 1, 8 tokens\n"
             "  moecheck check --model small.gguf --tokens 4 --impls ref,emu\n"
             "  moecheck check --keep out/                    # also write out/ref.h5, out/emu.h5, out/cuda.h5\n"
-            "Legs: ref~emu within per-stage NMSE bounds; emu=cuda bit for bit. cuda runs when a GPU is present\n"
+            "Legs: ref~emu within the per-stage bounds derived against the reference in Exact mode\n"
+            "(docs/numerics.md; NMSE vs the --precision run shown for information); emu=cuda bit for bit.\n"
+            "cuda runs when a GPU is present\n"
             "(the reason is printed when it is not).\n"
             "Exit codes: 0 every leg agrees, 1 a leg differs, 2 error.");
   s->add_option("--model", a->model, "model GGUF file (default: the embedded tiny model, generated on the fly)");
@@ -265,7 +365,7 @@ void add_check(CLI::App& app, int& rc) {
   s->add_option("--tokens", a->tokens, "tokens per layer")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   s->add_option("--layers", a->layers, "layers, e.g. 0,2-5 (default: all)");
   s->add_option("--input-seed", a->input_seed, "seed of the generated inputs")->capture_default_str();
-  s->add_option("--precision", a->precision, "reference precision model | exact")->check(CLI::IsMember({"model", "exact"}))
+  s->add_option("--precision", a->precision, "precision of the reference run whose NMSE is shown (the verdict always uses Exact)")->check(CLI::IsMember({"model", "exact"}))
       ->capture_default_str();
   s->add_option("--keep", a->keep, "write each implementation's dump (with taps) into this directory");
   s->add_flag("--json", a->json, "machine-readable output");
