@@ -47,6 +47,28 @@ void group_by_expert(const std::vector<int32_t>& ids, const std::vector<W>& weig
     }
 }
 
+// The taps of one routed expert (its tokens and their routing weights) and of the shared expert
+// (every token, weight 1), filled the same way by both precision modes.
+template <typename W>
+ExpertTaps* expert_taps(LayerTaps* taps, int64_t e, const std::vector<int32_t>& tokens, const std::vector<W>& w) {
+  if (!taps) return nullptr;
+  ExpertTaps* et = &taps->experts.emplace_back();
+  et->expert = static_cast<int32_t>(e);
+  et->tokens = tokens;
+  et->weights.assign(w.begin(), w.end());
+  return et;
+}
+
+ExpertTaps* shared_taps(LayerTaps* taps, int64_t T) {
+  if (!taps) return nullptr;
+  ExpertTaps* st = &taps->shared;
+  st->expert = -1;
+  st->tokens.resize(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) st->tokens[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+  st->weights.assign(static_cast<size_t>(T), 1.0f);
+  return st;
+}
+
 }  // namespace
 
 uint16_t f64_to_bf16(double v) {
@@ -87,12 +109,14 @@ Expert MoE::shared() const {
 }
 
 std::vector<uint16_t> MoE::forward(const uint16_t* x_bf16, int64_t T, LayerTaps* taps) const {
-  const std::vector<double> y = forward_exact(x_bf16, T, taps);
+  return to_bf16(forward_exact(x_bf16, T, taps));
+}
+
+std::vector<uint16_t> MoE::to_bf16(const std::vector<double>& y) const {
   std::vector<uint16_t> out(y.size());
   // return y.type_as(x): Model mode's y is f32 (the double holds it exactly); Exact rounds once.
   for (size_t i = 0; i < y.size(); ++i)
     out[i] = p_ == Precision::kModel ? f32_to_bf16(static_cast<float>(y[i])) : f64_to_bf16(y[i]);
-  if (taps) taps->output = out;
   return out;
 }
 
@@ -107,9 +131,7 @@ std::vector<double> MoE::forward_exact(const uint16_t* x_bf16, int64_t T, LayerT
   std::vector<double> y = p_ == Precision::kModel ? forward_model(x_bf16, T, taps) : forward_f64(x_bf16, T, taps);
   if (taps) {
     taps->acc.assign(y.begin(), y.end());
-    taps->output.resize(y.size());
-    for (size_t i = 0; i < y.size(); ++i)
-      taps->output[i] = p_ == Precision::kModel ? f32_to_bf16(static_cast<float>(y[i])) : f64_to_bf16(y[i]);
+    taps->output = to_bf16(y);
   }
   return y;
 }
@@ -141,26 +163,13 @@ std::vector<double> MoE::forward_model(const uint16_t* x_bf16, int64_t T, LayerT
     xe.resize(static_cast<size_t>(n * dim));
     for (int64_t i = 0; i < n; ++i)  // x[idx]
       std::memcpy(xe.data() + i * dim, x.data() + idx[static_cast<size_t>(i)] * dim, sizeof(float) * dim);
-    ExpertTaps* et = nullptr;
-    if (taps) {
-      et = &taps->experts.emplace_back();
-      et->expert = static_cast<int32_t>(e);
-      et->tokens = idx;
-      et->weights = wt[static_cast<size_t>(e)];
-    }
+    ExpertTaps* et = expert_taps(taps, e, idx, wt[static_cast<size_t>(e)]);
     const std::vector<float> out = routed(e).forward(xe.data(), n, wt[static_cast<size_t>(e)].data(), et);
     for (int64_t i = 0; i < n; ++i)  // y[idx] += expert(x[idx], weights[idx, top, None]), f32
       for (int64_t d = 0; d < dim; ++d) y[idx[static_cast<size_t>(i)] * dim + d] += out[i * dim + d];
   }
   // y += self.shared_experts(x)
-  ExpertTaps* st = nullptr;
-  if (taps) {
-    st = &taps->shared;
-    st->expert = -1;
-    st->tokens.resize(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) st->tokens[static_cast<size_t>(t)] = static_cast<int32_t>(t);
-    st->weights.assign(static_cast<size_t>(T), 1.0f);
-  }
+  ExpertTaps* st = shared_taps(taps, T);
   const std::vector<float> sh = shared().forward(x.data(), T, nullptr, st);
   for (size_t i = 0; i < y.size(); ++i) y[i] += sh[i];
   return std::vector<double>(y.begin(), y.end());
@@ -191,25 +200,12 @@ std::vector<double> MoE::forward_f64(const uint16_t* x_bf16, int64_t T, LayerTap
     xe.resize(static_cast<size_t>(n * dim));
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(xe.data() + i * dim, x.data() + idx[static_cast<size_t>(i)] * dim, sizeof(double) * dim);
-    ExpertTaps* et = nullptr;
-    if (taps) {
-      et = &taps->experts.emplace_back();
-      et->expert = static_cast<int32_t>(e);
-      et->tokens = idx;
-      et->weights.assign(wt[static_cast<size_t>(e)].begin(), wt[static_cast<size_t>(e)].end());
-    }
+    ExpertTaps* et = expert_taps(taps, e, idx, wt[static_cast<size_t>(e)]);
     const std::vector<double> out = routed(e).forward_exact(xe.data(), n, wt[static_cast<size_t>(e)].data(), et);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t d = 0; d < dim; ++d) y[idx[static_cast<size_t>(i)] * dim + d] += out[i * dim + d];
   }
-  ExpertTaps* st = nullptr;
-  if (taps) {
-    st = &taps->shared;
-    st->expert = -1;
-    st->tokens.resize(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) st->tokens[static_cast<size_t>(t)] = static_cast<int32_t>(t);
-    st->weights.assign(static_cast<size_t>(T), 1.0f);
-  }
+  ExpertTaps* st = shared_taps(taps, T);
   const std::vector<double> sh = shared().forward_exact(x.data(), T, nullptr, st);
   for (size_t i = 0; i < y.size(); ++i) y[i] += sh[i];
   return y;

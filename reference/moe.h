@@ -81,6 +81,8 @@ class MoE {
  private:
   std::vector<double> forward_model(const uint16_t* x_bf16, int64_t T, LayerTaps* taps) const;
   std::vector<double> forward_f64(const uint16_t* x_bf16, int64_t T, LayerTaps* taps) const;
+  // y.type_as(x): the layer's output rounded to bf16 (once, in Exact mode).
+  std::vector<uint16_t> to_bf16(const std::vector<double>& y) const;
   Expert routed(int64_t e) const;
   Expert shared() const;
 

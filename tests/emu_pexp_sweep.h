@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 
 #include "emulate/portable_math.h"
 
@@ -42,6 +43,13 @@ inline SweepResult sweep_pexp(uint32_t stride) {
     }
   }
   return r;
+}
+
+// One line with the sweep's figures (what docs/numerics.md "pexp" quotes).
+inline void print_sweep(const char* what, const SweepResult& r) {
+  std::printf("pexp %s: %llu inputs, max %.4f ulp (normal) at %a, %.4f ulp (subnormal) at %a\n", what,
+              static_cast<unsigned long long>(r.n), r.worst_normal, static_cast<double>(r.x_normal),
+              r.worst_subnormal, static_cast<double>(r.x_subnormal));
 }
 
 }  // namespace moecheck::emutest

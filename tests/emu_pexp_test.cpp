@@ -34,9 +34,7 @@ TEST(EmuPexp, SpecialValues) {
 TEST(EmuPexp, StridedSweepWithinOneUlp) {
   // Stride 4099 (prime) over all patterns: ~546,000 inputs, both signs.
   const emutest::SweepResult r = emutest::sweep_pexp(4099);
-  std::printf("pexp strided sweep: %llu inputs, max %.4f ulp (normal) at %a, %.4f ulp (subnormal) at %a\n",
-              static_cast<unsigned long long>(r.n), r.worst_normal, static_cast<double>(r.x_normal),
-              r.worst_subnormal, static_cast<double>(r.x_subnormal));
+  emutest::print_sweep("strided sweep", r);
   EXPECT_GT(r.n, 500000u);
   EXPECT_LE(r.worst_normal, 1.0) << "at x = " << r.x_normal;
   EXPECT_LE(r.worst_subnormal, 1.0) << "at x = " << r.x_subnormal;

@@ -21,11 +21,10 @@
 
 namespace moecheck::emutest {
 
-inline constexpr double kU = 0x1p-24;
-inline double gamma(int64_t n) { return static_cast<double>(n) * kU / (1.0 - static_cast<double>(n) * kU); }
-inline double gamma64(int64_t n) {
-  return static_cast<double>(n) * 0x1p-53 / (1.0 - static_cast<double>(n) * 0x1p-53);
-}
+// The rounding-error constants of docs/numerics.md, defined once in reference/emu_bounds.h.
+inline constexpr double kU = ref::kU32;
+inline double gamma(int64_t n) { return ref::gamma_f32(n); }
+inline double gamma64(int64_t n) { return ref::gamma_f64(n); }
 
 // Seeded std::mt19937_64 (bit-identical everywhere), uniform and Box-Muller normal values.
 class Gen {

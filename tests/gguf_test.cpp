@@ -14,6 +14,7 @@
 #include <map>
 
 #include "emulate/error.h"
+#include "tests/expect_error.h"
 #include "golden/generator.h"
 #include "golden/gguf.h"
 
@@ -33,18 +34,7 @@ std::vector<uint8_t> read_all(const std::string& path) {
 
 bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
-// Expects an InputError whose message holds every one of `parts`.
-template <typename F>
-void expect_error(F&& f, std::initializer_list<std::string> parts, const std::string& ctx) {
-  try {
-    f();
-    ADD_FAILURE() << ctx << ": no InputError";
-  } catch (const InputError& e) {
-    for (const std::string& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << ctx << ": message \"" << e.what()
-                                                                  << "\" lacks \"" << p << "\"";
-  }
-}
+using testutil::expect_error;
 
 // ---- an independent GGUF byte builder that records where each field starts ----
 struct Raw {

@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "emulate/error.h"
+#include "tests/expect_error.h"
 #include "golden/generator.h"
 #include "golden/model_file.h"
 #include "golden/sha256.h"
@@ -27,17 +28,7 @@ std::string temp_path(const std::string& tag) {
          std::to_string(n++) + ".gguf";
 }
 
-template <typename F>
-void expect_error(F&& f, std::initializer_list<std::string> parts, const std::string& ctx) {
-  try {
-    f();
-    ADD_FAILURE() << ctx << ": no InputError";
-  } catch (const InputError& e) {
-    for (const std::string& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << ctx << ": message \"" << e.what() << "\" lacks \"" << p << "\"";
-  }
-}
+using testutil::expect_error;
 
 TEST(Sha256, FipsVectors) {
   EXPECT_EQ(sha256_hex("", 0), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");

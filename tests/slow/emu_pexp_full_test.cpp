@@ -3,8 +3,6 @@
 // asserted against the used bound P_exp = 1 ulp.
 #include <gtest/gtest.h>
 
-#include <cstdio>
-
 #include "tests/emu_pexp_sweep.h"
 
 namespace moecheck {
@@ -12,9 +10,7 @@ namespace {
 
 TEST(EmuPexpSlow, EveryInputWithinOneUlp) {
   const emutest::SweepResult r = emutest::sweep_pexp(1);
-  std::printf("pexp full sweep: %llu inputs, max %.4f ulp (normal) at %a, %.4f ulp (subnormal) at %a\n",
-              static_cast<unsigned long long>(r.n), r.worst_normal, static_cast<double>(r.x_normal),
-              r.worst_subnormal, static_cast<double>(r.x_subnormal));
+  emutest::print_sweep("full sweep", r);
   EXPECT_EQ(r.n, 2239853080u);
   EXPECT_LE(r.worst_normal, 1.0) << "at x = " << r.x_normal;
   EXPECT_LE(r.worst_subnormal, 1.0) << "at x = " << r.x_subnormal;
