@@ -7,7 +7,7 @@
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
 #include "cuda/kernels.h"
-#include "emulate/error.h"
+#include "core/error.h"
 
 namespace moecheck::cuda {
 namespace {

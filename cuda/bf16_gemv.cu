@@ -9,7 +9,7 @@
 #include "cuda/device_util.cuh"
 #include "cuda/gemv_plain.cuh"
 #include "cuda/kernels.h"
-#include "emulate/error.h"
+#include "core/error.h"
 
 namespace moecheck::cuda {
 namespace detail {

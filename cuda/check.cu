@@ -10,7 +10,7 @@
 #include <string>
 
 #include "cuda/kernels.h"
-#include "emulate/error.h"
+#include "core/error.h"
 
 namespace moecheck::cuda {
 

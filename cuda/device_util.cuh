@@ -9,9 +9,9 @@
 
 #include <cstdint>
 
-#include "emulate/fp_ops.h"
-#include "emulate/numfmt.h"
-#include "emulate/schedule.h"
+#include "core/fp_ops.h"
+#include "core/numfmt.h"
+#include "core/schedule.h"
 
 namespace moecheck::cuda {
 

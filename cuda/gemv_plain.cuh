@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "emulate/schedule.h"
+#include "core/schedule.h"
 
 namespace moecheck::cuda::detail {
 

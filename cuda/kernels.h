@@ -8,9 +8,9 @@
 
 #include <cstdint>
 
-#include "emulate/blocks.h"
-#include "emulate/router_gemv.h"
-#include "emulate/schedule.h"
+#include "core/blocks.h"
+#include "core/schedule.h"
+#include "core/schedule.h"
 
 namespace moecheck::cuda {
 

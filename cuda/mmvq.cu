@@ -17,7 +17,7 @@
 #include "cuda/device_util.cuh"
 #include "cuda/kernels.h"
 #include "cuda/mmvq_units.cuh"
-#include "emulate/error.h"
+#include "core/error.h"
 
 namespace moecheck::cuda {
 namespace {

@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "cuda/device_util.cuh"
-#include "emulate/blocks.h"
+#include "core/blocks.h"
 
 namespace moecheck::cuda::mmvq_units {
 

@@ -15,8 +15,8 @@
 
 #include "cuda/check.h"
 #include "cuda/kernels.h"
-#include "emulate/error.h"
-#include "emulate/routing.h"
+#include "core/error.h"
+#include "core/routing.h"
 
 namespace moecheck::cuda {
 namespace {

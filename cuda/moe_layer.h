@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "emulate/layer_weights.h"
-#include "emulate/router_gemv.h"
-#include "emulate/schedule.h"
-#include "emulate/taps.h"
+#include "core/layer_weights.h"
+#include "core/schedule.h"
+#include "core/schedule.h"
+#include "core/taps.h"
 
 namespace moecheck::cuda {
 

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "cuda/device_util.cuh"
-#include "emulate/blocks.h"
+#include "core/blocks.h"
 
 namespace moecheck::cuda::detail {
 

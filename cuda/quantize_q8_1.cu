@@ -7,7 +7,7 @@
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/q8_1_block.cuh"
-#include "emulate/error.h"
+#include "core/error.h"
 
 namespace moecheck::cuda {
 namespace {

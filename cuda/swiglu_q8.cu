@@ -7,8 +7,8 @@
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/q8_1_block.cuh"
-#include "emulate/error.h"
-#include "emulate/portable_math.h"
+#include "core/error.h"
+#include "core/portable_math.h"
 
 namespace moecheck::cuda {
 namespace {

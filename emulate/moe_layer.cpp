@@ -13,12 +13,12 @@
 
 #include "emulate/accumulate.h"
 #include "emulate/bf16_gemv.h"
-#include "emulate/error.h"
+#include "core/error.h"
 #include "emulate/mmvq.h"
-#include "emulate/numfmt.h"
-#include "emulate/portable_math.h"
+#include "core/numfmt.h"
+#include "core/portable_math.h"
 #include "emulate/quantize_q8_1.h"
-#include "emulate/routing.h"
+#include "core/routing.h"
 #include "emulate/swiglu_q8.h"
 
 namespace moecheck::emu {

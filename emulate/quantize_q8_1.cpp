@@ -6,9 +6,9 @@
 
 #include <cmath>
 
-#include "emulate/error.h"
-#include "emulate/fp_ops.h"
-#include "emulate/numfmt.h"
+#include "core/error.h"
+#include "core/fp_ops.h"
+#include "core/numfmt.h"
 
 namespace moecheck::emu {
 

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "emulate/error.h"
-#include "emulate/fp_ops.h"
-#include "emulate/numfmt.h"
-#include "emulate/schedule.h"
+#include "core/error.h"
+#include "core/fp_ops.h"
+#include "core/numfmt.h"
+#include "core/schedule.h"
 
 namespace moecheck::emu {
 

@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "emulate/error.h"
-#include "emulate/portable_math.h"
+#include "core/error.h"
+#include "core/portable_math.h"
 #include "emulate/quantize_q8_1.h"
 
 namespace moecheck::emu {

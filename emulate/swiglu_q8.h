@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "emulate/blocks.h"
+#include "core/blocks.h"
 
 namespace moecheck::emu {
 

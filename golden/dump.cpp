@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <stdexcept>
 
-#include "emulate/error.h"
+#include "core/error.h"
 #include "golden/dump_hdf5.h"
 
 namespace moecheck {

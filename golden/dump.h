@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "emulate/config.h"
-#include "emulate/taps.h"
+#include "core/config.h"
+#include "core/taps.h"
 
 namespace moecheck {
 

@@ -10,9 +10,9 @@
 #include <limits>
 #include <set>
 
-#include "emulate/error.h"
-#include "emulate/numfmt.h"
-#include "emulate/routing.h"
+#include "core/error.h"
+#include "core/numfmt.h"
+#include "core/routing.h"
 #include "golden/dump_diff_where.h"
 
 namespace moecheck {

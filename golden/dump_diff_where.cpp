@@ -4,7 +4,7 @@
 // (k % 256) / 16 of every weight row that reads it. Contract: docs/cli.md "diff".
 #include "golden/dump_diff_where.h"
 
-#include "emulate/blocks.h"
+#include "core/blocks.h"
 
 namespace moecheck {
 namespace {

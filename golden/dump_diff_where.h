@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "emulate/config.h"
+#include "core/config.h"
 
 namespace moecheck {
 

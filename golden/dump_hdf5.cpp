@@ -9,7 +9,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "emulate/error.h"
+#include "core/error.h"
 
 namespace moecheck::h5 {
 namespace {

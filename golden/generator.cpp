@@ -9,9 +9,9 @@
 #include <cstring>
 #include <memory>
 
-#include "emulate/error.h"
-#include "emulate/numfmt.h"
-#include "emulate/quantize.h"
+#include "core/error.h"
+#include "core/numfmt.h"
+#include "core/kquant.h"
 
 namespace moecheck {
 

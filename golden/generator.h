@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "emulate/config.h"
-#include "emulate/layer_weights.h"
+#include "core/config.h"
+#include "core/layer_weights.h"
 #include "golden/model_file.h"
 
 namespace moecheck {

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <limits>
 
-#include "emulate/error.h"
+#include "core/error.h"
 
 namespace moecheck::gguf {
 

@@ -14,7 +14,7 @@
 #include <cstring>
 #include <limits>
 
-#include "emulate/error.h"
+#include "core/error.h"
 #include "golden/gguf.h"
 
 namespace moecheck::gguf {

@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "emulate/error.h"
+#include "core/error.h"
 #include "golden/gguf.h"
 
 namespace moecheck::gguf {

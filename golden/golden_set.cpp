@@ -9,7 +9,7 @@
 #include <map>
 #include <sstream>
 
-#include "emulate/error.h"
+#include "core/error.h"
 
 namespace moecheck {
 namespace {

@@ -9,9 +9,9 @@
 #include <optional>
 #include <string>
 
-#include "emulate/blocks.h"
-#include "emulate/config.h"
-#include "emulate/layer_weights.h"
+#include "core/blocks.h"
+#include "core/config.h"
+#include "core/layer_weights.h"
 #include "golden/gguf.h"
 #include "golden/sha256.h"
 

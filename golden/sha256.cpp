@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "emulate/error.h"
+#include "core/error.h"
 
 namespace moecheck {
 

@@ -11,11 +11,11 @@
 #include <map>
 #include <utility>
 
-#include "emulate/error.h"
-#include "emulate/fp_ops.h"
-#include "emulate/numfmt.h"
-#include "emulate/quantize.h"
-#include "emulate/schedule.h"
+#include "core/error.h"
+#include "core/fp_ops.h"
+#include "core/numfmt.h"
+#include "core/kquant.h"
+#include "core/schedule.h"
 #include "reference/moe.h"
 
 namespace moecheck::ref {

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "emulate/blocks.h"
-#include "emulate/layer_weights.h"
-#include "emulate/router_gemv.h"
-#include "emulate/taps.h"
+#include "core/blocks.h"
+#include "core/layer_weights.h"
+#include "core/schedule.h"
+#include "core/taps.h"
 
 namespace moecheck::ref {
 

@@ -3,7 +3,7 @@
 // points) and Exact mode (f64, unrounded). Contract: docs/reference.md "Rounding points".
 #include <cmath>
 
-#include "emulate/numfmt.h"
+#include "core/numfmt.h"
 #include "reference/linear.h"
 #include "reference/moe.h"
 

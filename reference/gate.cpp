@@ -7,8 +7,8 @@
 #include <numeric>
 #include <string>
 
-#include "emulate/error.h"
-#include "emulate/numfmt.h"
+#include "core/error.h"
+#include "core/numfmt.h"
 #include "reference/linear.h"
 #include "reference/moe.h"
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "emulate/quantize.h"
+#include "core/kquant.h"
 
 namespace moecheck::ref {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "emulate/layer_weights.h"
+#include "core/layer_weights.h"
 
 namespace moecheck::ref {
 

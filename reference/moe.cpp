@@ -8,8 +8,8 @@
 #include <cstring>
 #include <string>
 
-#include "emulate/error.h"
-#include "emulate/numfmt.h"
+#include "core/error.h"
+#include "core/numfmt.h"
 
 namespace moecheck::ref {
 namespace {

@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "emulate/config.h"
-#include "emulate/layer_weights.h"
-#include "emulate/routing.h"
-#include "emulate/taps.h"
+#include "core/config.h"
+#include "core/layer_weights.h"
+#include "core/routing.h"
+#include "core/taps.h"
 
 namespace moecheck::ref {
 

@@ -11,9 +11,9 @@
 #include <cstring>
 #include <vector>
 
-#include "emulate/blocks.h"
-#include "emulate/error.h"
-#include "emulate/quantize.h"
+#include "core/blocks.h"
+#include "core/error.h"
+#include "core/kquant.h"
 
 namespace moecheck {
 namespace {

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "dump_test_util.h"
-#include "emulate/error.h"
+#include "core/error.h"
 #include "golden/dump_diff.h"
 
 namespace moecheck {

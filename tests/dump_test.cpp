@@ -12,7 +12,7 @@
 #include <filesystem>
 
 #include "dump_test_util.h"
-#include "emulate/error.h"
+#include "core/error.h"
 #include "golden/dump.h"
 
 namespace moecheck {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "emulate/numfmt.h"
+#include "core/numfmt.h"
 #include "golden/dump.h"
 
 namespace moecheck::testing {

@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "emulate/layer_weights.h"
+#include "core/layer_weights.h"
 #include "golden/generator.h"
 
 namespace moecheck::emutest {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "emulate/error.h"
+#include "core/error.h"
 #include "emulate/mmvq.h"
 #include "emulate/quantize_q8_1.h"
 #include "tests/emu_test_util.h"

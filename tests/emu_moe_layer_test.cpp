@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "emulate/error.h"
+#include "core/error.h"
 #include "emulate/moe_layer.h"
 #include "golden/generator.h"
 #include "reference/moe.h"

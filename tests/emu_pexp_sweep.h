@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "emulate/portable_math.h"
+#include "core/portable_math.h"
 
 namespace moecheck::emutest {
 

@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <limits>
 
-#include "emulate/portable_math.h"
+#include "core/portable_math.h"
 #include "tests/emu_pexp_sweep.h"
 
 namespace moecheck {

@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "emulate/error.h"
+#include "core/error.h"
 #include "emulate/quantize_q8_1.h"
 #include "tests/emu_test_util.h"
 

@@ -12,11 +12,11 @@
 #include <random>
 #include <vector>
 
-#include "emulate/blocks.h"
-#include "emulate/fp_ops.h"
-#include "emulate/numfmt.h"
-#include "emulate/quantize.h"
-#include "emulate/schedule.h"
+#include "core/blocks.h"
+#include "core/fp_ops.h"
+#include "core/numfmt.h"
+#include "core/kquant.h"
+#include "core/schedule.h"
 #include "reference/emu_bounds.h"
 
 namespace moecheck::emutest {

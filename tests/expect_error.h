@@ -7,7 +7,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "emulate/error.h"
+#include "core/error.h"
 
 namespace moecheck::testutil {
 

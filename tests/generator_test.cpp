@@ -9,9 +9,9 @@
 #include <cmath>
 #include <numeric>
 
-#include "emulate/blocks.h"
-#include "emulate/error.h"
-#include "emulate/numfmt.h"
+#include "core/blocks.h"
+#include "core/error.h"
+#include "core/numfmt.h"
 #include "golden/generator.h"
 #include "golden/sha256.h"
 

@@ -13,7 +13,7 @@
 #include <iterator>
 #include <map>
 
-#include "emulate/error.h"
+#include "core/error.h"
 #include "tests/expect_error.h"
 #include "golden/generator.h"
 #include "golden/gguf.h"

@@ -13,7 +13,7 @@
 #include <map>
 #include <optional>
 
-#include "emulate/error.h"
+#include "core/error.h"
 #include "tests/expect_error.h"
 #include "golden/generator.h"
 #include "golden/model_file.h"

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "emulate/numfmt.h"
+#include "core/numfmt.h"
 
 namespace moecheck {
 namespace {

@@ -14,8 +14,8 @@
 #include <cstring>
 #include <vector>
 
-#include "emulate/blocks.h"
-#include "emulate/quantize.h"
+#include "core/blocks.h"
+#include "core/kquant.h"
 
 namespace moecheck {
 namespace {

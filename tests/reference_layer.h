@@ -11,10 +11,10 @@
 #include <random>
 #include <vector>
 
-#include "emulate/config.h"
-#include "emulate/layer_weights.h"
-#include "emulate/numfmt.h"
-#include "emulate/quantize.h"
+#include "core/config.h"
+#include "core/layer_weights.h"
+#include "core/numfmt.h"
+#include "core/kquant.h"
 #include "reference/moe.h"
 
 namespace moecheck::reftest {

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "emulate/error.h"
-#include "emulate/numfmt.h"
-#include "emulate/quantize.h"
+#include "core/error.h"
+#include "core/numfmt.h"
+#include "core/kquant.h"
 #include "reference/moe.h"
 #include "tests/reference_layer.h"
 

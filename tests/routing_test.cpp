@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "emulate/error.h"
-#include "emulate/numfmt.h"
-#include "emulate/routing.h"
+#include "core/error.h"
+#include "core/numfmt.h"
+#include "core/routing.h"
 
 namespace moecheck {
 namespace {

@@ -11,8 +11,8 @@
 #include <map>
 #include <memory>
 
-#include "emulate/error.h"
-#include "emulate/numfmt.h"
+#include "core/error.h"
+#include "core/numfmt.h"
 #include "golden/dump_diff.h"
 #include "golden/generator.h"
 #include "reference/emu_bounds.h"

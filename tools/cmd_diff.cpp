@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <memory>
 
-#include "emulate/error.h"
+#include "core/error.h"
 #include "golden/dump_diff.h"
 #include "tools/commands.h"
 #include "tools/report.h"

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <memory>
 
-#include "emulate/error.h"
+#include "core/error.h"
 #include "golden/generator.h"
 #include "golden/golden_set.h"
 #include "golden/sha256.h"

@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <memory>
 
-#include "emulate/error.h"
+#include "core/error.h"
 #include "golden/dump.h"
 #include "golden/dump_hdf5.h"
 #include "golden/gguf.h"

@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <memory>
 
-#include "emulate/error.h"
-#include "emulate/numfmt.h"
+#include "core/error.h"
+#include "core/numfmt.h"
 #include "tools/commands.h"
 #include "tools/json.h"
 #include "tools/progress.h"

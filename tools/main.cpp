@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <stdexcept>
 
-#include "emulate/error.h"
+#include "core/error.h"
 #include "tools/commands.h"
 
 namespace moecheck::cli {

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <memory>
 
-#include "emulate/error.h"
+#include "core/error.h"
 #include "golden/generator.h"
 #include "tools/progress.h"
 

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "cuda/moe_layer.h"
-#include "emulate/blocks.h"
-#include "emulate/numfmt.h"
+#include "core/blocks.h"
+#include "core/numfmt.h"
 
 #define MOECHECK_REQUIRE_GPU()                                               \
   do {                                                                       \

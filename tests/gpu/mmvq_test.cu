@@ -8,7 +8,7 @@
 #include <tuple>
 
 #include "cuda/kernels.h"
-#include "emulate/error.h"
+#include "core/error.h"
 #include "emulate/mmvq.h"
 #include "emulate/quantize_q8_1.h"
 #include "tests/emu_test_util.h"

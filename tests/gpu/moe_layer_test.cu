@@ -5,7 +5,7 @@
 // stream on / off, CUDA graphs on / off, bf16 and K-quant shared experts; the ds41 preset (fast
 // blocks) at T = 1..8. Every forward runs twice, bitwise equal. Contract: docs/numerics.md.
 #include "cuda/moe_layer.h"
-#include "emulate/error.h"
+#include "core/error.h"
 #include "emulate/moe_layer.h"
 #include "golden/generator.h"
 #include "tests/gpu/gpu_test_util.h"

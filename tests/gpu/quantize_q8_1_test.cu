@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "cuda/kernels.h"
-#include "emulate/error.h"
+#include "core/error.h"
 #include "emulate/quantize_q8_1.h"
 #include "tests/emu_test_util.h"
 #include "tests/gpu/gpu_test_util.h"

@@ -5,7 +5,7 @@
 // "router_gemv", "bf16_gemv".
 #include "cuda/kernels.h"
 #include "emulate/bf16_gemv.h"
-#include "emulate/error.h"
+#include "core/error.h"
 #include "emulate/router_gemv.h"
 #include "tests/emu_test_util.h"
 #include "tests/gpu/gpu_test_util.h"

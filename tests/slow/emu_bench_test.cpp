@@ -10,7 +10,7 @@
 
 #include "emulate/moe_layer.h"
 #include "emulate/router_gemv.h"
-#include "emulate/routing.h"
+#include "core/routing.h"
 #include "tests/emu_lazy_layer.h"
 
 namespace moecheck {

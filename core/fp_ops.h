@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "emulate/numfmt.h"
+#include "core/numfmt.h"
 
 namespace moecheck {
 

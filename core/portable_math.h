@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "emulate/fp_ops.h"
-#include "emulate/numfmt.h"
+#include "core/fp_ops.h"
+#include "core/numfmt.h"
 
 namespace moecheck {
 

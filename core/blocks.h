@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "emulate/numfmt.h"
+#include "core/numfmt.h"
 
 namespace moecheck {
 

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "emulate/blocks.h"
-#include "emulate/config.h"
+#include "core/blocks.h"
+#include "core/config.h"
 
 namespace moecheck {
 

@@ -6,10 +6,15 @@
 
 #include <cstdint>
 
-#include "emulate/fp_ops.h"
-#include "emulate/numfmt.h"
+#include "core/fp_ops.h"
+#include "core/numfmt.h"
 
 namespace moecheck {
+
+// The router GEMV's schedules (docs/numerics.md "router_gemv"). kPlain: one warp per output row.
+// kStaged: 256 threads per row, partials staged in shared memory and folded by warp 0. The two
+// give different bits; each is fixed.
+enum class RouterVariant { kPlain, kStaged };
 
 inline constexpr int kWarpSize = 32;
 inline constexpr int kGemvChunk = 8;              // bf16 values per lane step (router, bf16_gemv)

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "emulate/config.h"
+#include "core/config.h"
 
 namespace moecheck {
 

@@ -6,14 +6,14 @@
 // how that was checked). Where ggml would assert or write a corrupt block we are defined
 // instead: nearest_int saturates out of range and maps NaN to 0 (ggml's release build gives 0
 // for the default NaN too); Q2_K scale/min codes are clamped to [0, 15].
-#include "emulate/quantize.h"
+#include "core/kquant.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 
-#include "emulate/error.h"
+#include "core/error.h"
 
 namespace moecheck {
 

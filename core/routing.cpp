@@ -2,7 +2,7 @@
 // Gate.forward, in f32 with the host's libm (expf, log1pf, sqrtf). Contract: emulate/routing.h
 // and docs/reference.md "Routing". Every implementation routes through this one function, so
 // the three never disagree on a pick for the same logits.
-#include "emulate/routing.h"
+#include "core/routing.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include <numeric>
 #include <string>
 
-#include "emulate/error.h"
+#include "core/error.h"
 
 namespace moecheck {
 namespace {

@@ -1,9 +1,9 @@
 // MoeConfig validation and the named score functions.
-#include "emulate/config.h"
+#include "core/config.h"
 
 #include <cmath>
 
-#include "emulate/error.h"
+#include "core/error.h"
 
 namespace moecheck {
 

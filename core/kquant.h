@@ -1,11 +1,11 @@
-// Reference quantisers for Q2_K and Q3_K, following ggml's published algorithms
+// The ggml K-quant weight quantisers for Q2_K and Q3_K, following ggml's published algorithms
 // (quantize_row_q2_K_ref / quantize_row_q3_K_ref, formats-and-kernels.md §2), and exact row
 // dequantisers. Host only; compiled with -ffp-contract=off so results do not depend on FMA.
 #pragma once
 
 #include <cstdint>
 
-#include "emulate/blocks.h"
+#include "core/blocks.h"
 
 namespace moecheck {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "emulate/blocks.h"
+#include "core/blocks.h"
 
 namespace moecheck {
 
