@@ -105,16 +105,4 @@ GoldenManifest default_manifest() {
 
 std::string golden_dump_name(const GoldenModel& g, const std::string& impl) { return g.name + "_" + impl + ".h5"; }
 
-Tolerance golden_tolerance(const std::string& impl) {
-  Tolerance t;
-  if (impl == "emu") return t;  // kExact
-  // The reference is plain Eigen: another compiler or Eigen version may reorder an f32 sum
-  // (relative error well under 1e-5 at these sizes) and so move a bf16-rounded value by one bf16
-  // ulp (at most 2^-7 relative); cancellation near zero is covered by atol 1e-4.
-  t.mode = ToleranceMode::kAbsRel;
-  t.rtol = 1.0 / 128.0;
-  t.atol = 1e-4;
-  return t;
-}
-
 }  // namespace moecheck

@@ -1,15 +1,14 @@
 // The committed golden set (golden/data/): a text manifest of generation seeds plus the ref and
 // emu dumps of the tiny and small models. The GGUF files are not committed: `moecheck golden
 // verify` regenerates them from the seeds (their SHA-256 in the manifest detects a generator
-// change) and compares fresh dumps with the committed ones: emu bit for bit, ref within the
-// tolerance below. Contract: docs/golden-format.md "Golden set".
+// change) and compares fresh dumps with the committed ones (compare/golden_verify.h: emu bit for
+// bit, ref within a derived tolerance). Contract: docs/golden-format.md "Golden set".
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "golden/dump_diff.h"
 
 namespace moecheck {
 
@@ -38,7 +37,5 @@ void write_manifest(const std::string& path, const GoldenManifest& m);
 // tiny: 2 layers x 4 tokens; small: 1 layer x 2 tokens; seeds 1 (sha256 filled by `update`).
 GoldenManifest default_manifest();
 std::string golden_dump_name(const GoldenModel& g, const std::string& impl);
-// emu: exact. ref: |a-b| <= 1e-4 + 2^-7 |a| per element (docs/golden-format.md derives it).
-Tolerance golden_tolerance(const std::string& impl);
 
 }  // namespace moecheck

@@ -1,4 +1,4 @@
-// Dump comparison (golden/dump_diff.h, docs/cli.md "diff") on synthetic dumps: ULP distances,
+// Dump comparison (compare/dump_diff.h, docs/cli.md "diff") on synthetic dumps: ULP distances,
 // every tolerance mode on a known perturbation, located mismatches (layer, stage, token,
 // expert, column, q8_1 block / K-quant super-block and sub-block), NaN rules, routing flips
 // with their margins, and the refusal of incomparable dumps.
@@ -9,7 +9,7 @@
 
 #include "dump_test_util.h"
 #include "core/error.h"
-#include "golden/dump_diff.h"
+#include "compare/dump_diff.h"
 
 namespace moecheck {
 namespace {

@@ -1,5 +1,5 @@
 // Stage-by-stage comparison of the emulation's layer forward with the reference in Exact mode
-// (moecheck::ref, f64): a gtest wrapper over ref::check_emu_against_exact (reference/emu_bounds.h,
+// (moecheck::ref, f64): a gtest wrapper over check_emu_against_exact (compare/bounds.h,
 // which implements the bounds of docs/numerics.md "Error bounds vs the reference's Exact mode").
 // Every stage must be within its bound (a failure names the first violating value with its
 // location and bound); routing flips are printed and must be explained by the logit bound.
@@ -12,17 +12,17 @@
 #include <vector>
 
 #include "emulate/moe_layer.h"
-#include "reference/emu_bounds.h"
+#include "compare/bounds.h"
 
 namespace moecheck::emutest {
 
 // Checks a report: no unexplained flip, no stage with a violation, every stage checked something
 // (an empty stage would make the check vacuous). Prints the flips and each stage's worst
 // |emu - ref| / bound.
-inline void expect_within_bounds(const ref::BoundsReport& r, const std::string& cfg, bool expect_all_stages) {
+inline void expect_within_bounds(const BoundsReport& r, const std::string& cfg, bool expect_all_stages) {
   for (const std::string& line : r.flip_lines) std::printf("%s %s\n", cfg.c_str(), line.c_str());
   EXPECT_EQ(r.unexplained_flips, 0) << cfg << ": unexplained routing flip(s), see the lines above";
-  for (const ref::StageCheck& s : r.stages) {
+  for (const StageCheck& s : r.stages) {
     EXPECT_EQ(s.violations, 0) << cfg << ": " << s.stage << ": " << s.violations << " of " << s.checked
                                << " values outside the bound; first: " << s.first_violation
                                << " (repro: --gtest_filter=" << ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name()
@@ -33,7 +33,7 @@ inline void expect_within_bounds(const ref::BoundsReport& r, const std::string& 
   }
   std::printf("%s layer %d: %lld routing flip(s); worst |emu - ref| / bound per stage:", cfg.c_str(), r.layer,
               static_cast<long long>(r.flips));
-  for (const ref::StageCheck& s : r.stages) std::printf(" %s %.3g", s.stage.c_str(), s.worst_ratio);
+  for (const StageCheck& s : r.stages) std::printf(" %s %.3g", s.stage.c_str(), s.worst_ratio);
   std::printf("\n");
 }
 
@@ -44,7 +44,7 @@ inline void check_against_reference(const LayerWeights& w, const std::vector<uin
   const emu::MoeLayer layer(w, lo);
   LayerTaps et;
   layer.forward(x.data(), T, &et);
-  const ref::BoundsReport r = ref::check_emu_against_exact(w, et, lo.router);
+  const BoundsReport r = check_emu_against_exact(w, et, lo.router);
   if (flips_out) *flips_out = static_cast<int>(r.flips);
   expect_within_bounds(r, cfg, T > 0);
 }

@@ -17,14 +17,14 @@
 #include "core/numfmt.h"
 #include "core/kquant.h"
 #include "core/schedule.h"
-#include "reference/emu_bounds.h"
+#include "compare/bounds.h"
 
 namespace moecheck::emutest {
 
-// The rounding-error constants of docs/numerics.md, defined once in reference/emu_bounds.h.
-inline constexpr double kU = ref::kU32;
-inline double gamma(int64_t n) { return ref::gamma_f32(n); }
-inline double gamma64(int64_t n) { return ref::gamma_f64(n); }
+// The rounding-error constants of docs/numerics.md, defined once in compare/bounds.h.
+inline constexpr double kU = kU32;
+inline double gamma(int64_t n) { return gamma_f32(n); }
+inline double gamma64(int64_t n) { return gamma_f64(n); }
 
 // Seeded std::mt19937_64 (bit-identical everywhere), uniform and Box-Muller normal values.
 class Gen {
@@ -102,8 +102,8 @@ inline std::vector<uint8_t> make_rows(Gen& g, GgmlType t, int64_t rows, int64_t 
   return out;
 }
 
-// docs/numerics.md "q8_1 step" bound; the formula lives once, in reference/emu_bounds.cpp.
-inline double q8_block_bound(const float* x) { return ref::q8_block_bound(x); }
+// docs/numerics.md "q8_1 step" bound; the formula lives once, in compare/bounds.cpp.
+using moecheck::q8_block_bound;
 
 // Unit integer parts straight from the contract, with the per-element decoders of blocks.h.
 struct UnitInts { int64_t A = 0, B = 0; float d = 0, dmin = 0; };
@@ -145,12 +145,9 @@ inline float mmvq_replay(GgmlType t, const uint8_t* row, const BlockQ8_1* a, int
   return butterfly(lane);
 }
 
-// docs/numerics.md "MMVQ" exact value and bound for one (row, token): reference/emu_bounds.cpp.
-using Bounded = ref::MmvqBound;
-inline Bounded mmvq_exact_bound(GgmlType t, const uint8_t* row, const BlockQ8_1* a, const float* x, int64_t K,
-                                const double* eblk = nullptr) {
-  return ref::mmvq_exact_bound(t, row, a, x, K, eblk);
-}
+// docs/numerics.md "MMVQ" exact value and bound for one (row, token): compare/bounds.cpp.
+using Bounded = MmvqBound;
+using moecheck::mmvq_exact_bound;
 
 inline std::string hex(float v) {
   char buf[48];

@@ -1,9 +1,9 @@
 // `moecheck check`: the main job. Runs every available implementation on the same inputs
 // (the embedded default model when no --model is given), compares ref ~ emu within the bounds
-// derived against the reference in Exact mode (reference/emu_bounds.h; NMSE shown for
+// derived against the reference in Exact mode (compare/bounds.h; NMSE shown for
 // information) and emu = cuda bit for bit, and prints one three-way table per layer with the
 // first stage that broke on each leg, the routing histogram and the output norms.
-// Contract: docs/cli.md "check", tools/check_policy.h.
+// Contract: docs/cli.md "check", compare/check_policy.h.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -13,10 +13,10 @@
 
 #include "core/error.h"
 #include "core/numfmt.h"
-#include "golden/dump_diff.h"
+#include "compare/dump_diff.h"
 #include "golden/generator.h"
-#include "reference/emu_bounds.h"
-#include "tools/check_policy.h"
+#include "compare/bounds.h"
+#include "compare/check_policy.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 #include "tools/report.h"
@@ -39,7 +39,7 @@ struct CheckArgs {
 struct Leg {
   std::string name;  // "ref~emu", "emu=cuda"
   DiffReport report;  // ref~emu: the NMSE comparison (information); emu=cuda: the verdict
-  std::vector<ref::BoundsReport> bounds;  // ref~emu: the verdict, per layer
+  std::vector<BoundsReport> bounds;  // ref~emu: the verdict, per layer
   std::vector<bool> pass;                 // per layer
   std::vector<std::string> first_failing; // per layer
   bool exact = false;
@@ -74,7 +74,7 @@ std::string ratio_text(double r) {
 }
 
 // ref~emu verdict cell: the worst |diff| / bound of the stage, its routing flips, or the input's bits.
-std::string bound_cell(const StageDiff* info, const ref::BoundsReport& b) {
+std::string bound_cell(const StageDiff* info, const BoundsReport& b) {
   const std::string stage = info ? info->stage : "";
   if (stage == "input" || stage == "shared.weights")
     return info->pass ? "ok   same bits" : "FAIL " + std::to_string(info->out_of_tol) + " differ";
@@ -84,7 +84,7 @@ std::string bound_cell(const StageDiff* info, const ref::BoundsReport& b) {
                                     : "FAIL " + std::to_string(b.unexplained_flips) + " of " + std::to_string(b.flips) +
                                           " flip(s) unexplained";
   }
-  const ref::StageCheck* s = b.stage(stage);
+  const StageCheck* s = b.stage(stage);
   if (s == nullptr) return "-";
   if (s->checked == 0) return "-   (none checked)";
   if (s->violations == 0) return "ok   " + ratio_text(s->worst_ratio) + " of bound";
@@ -104,12 +104,12 @@ std::string pad(std::string s, size_t n) {
   return s + " ";
 }
 
-void bounds_json(Json& j, const ref::BoundsReport& b) {
+void bounds_json(Json& j, const BoundsReport& b) {
   j.begin_object().kv("layer", b.layer).kv("ok", b.ok()).kv("first_failing", b.first_failing());
   j.kv("flips", b.flips).kv("unexplained_flips", b.unexplained_flips).key("flip_lines").begin_array();
   for (const std::string& l : b.flip_lines) j.value(l);
   j.end_array().key("stages").begin_array();
-  for (const ref::StageCheck& s : b.stages) {
+  for (const StageCheck& s : b.stages) {
     j.begin_object().kv("stage", s.stage).kv("checked", s.checked).kv("violations", s.violations);
     j.kv("worst_ratio", s.worst_ratio).kv("first_violation", s.first_violation).end_object();
   }
@@ -193,7 +193,7 @@ int run_check(const CheckArgs& a, bool impls_given) {
     for (size_t li = 0; li < od.layers.size(); ++li) {
       const LayerTaps& t = od.layers[li];
       exact.emplace_back();
-      leg.bounds.push_back(ref::check_emu_against_exact(m.file.layer(t.layer), t, spec.knobs.router, &exact.back()));
+      leg.bounds.push_back(check_emu_against_exact(m.file.layer(t.layer), t, spec.knobs.router, &exact.back()));
       const LayerDiff& info = leg.report.layers[li];
       leg.pass.push_back(ref_leg_pass(info, leg.bounds.back()));
       leg.first_failing.push_back(ref_leg_first_failing(info, leg.bounds.back()));
@@ -236,7 +236,7 @@ int run_check(const CheckArgs& a, bool impls_given) {
       j.end_array();
       if (!l.exact) {
         j.key("bounds").begin_array();
-        for (const ref::BoundsReport& b : l.bounds) bounds_json(j, b);
+        for (const BoundsReport& b : l.bounds) bounds_json(j, b);
         j.end_array().key("nmse_info");
       } else {
         j.key("report");
@@ -308,7 +308,7 @@ int run_check(const CheckArgs& a, bool impls_given) {
             for (size_t k = 0; k < s->first.size() && k < 3; ++k) std::printf("    %s\n", mismatch_line(s->first[k], s->dtype).c_str());
         continue;
       }
-      const ref::BoundsReport& b = l.bounds[li];
+      const BoundsReport& b = l.bounds[li];
       if (b.flips > 0)
         std::printf(" (%lld routing flip(s), %lld explained by the logit bound)", static_cast<long long>(b.flips),
                     static_cast<long long>(b.flips - b.unexplained_flips));
@@ -319,7 +319,7 @@ int run_check(const CheckArgs& a, bool impls_given) {
           s != nullptr && (s->stage == "input" || s->stage == "shared.weights")) {
         for (size_t k = 0; k < s->first.size() && k < 3; ++k) std::printf("    %s\n", mismatch_line(s->first[k], s->dtype).c_str());
       }
-      for (const ref::StageCheck& s : b.stages)
+      for (const StageCheck& s : b.stages)
         if (s.violations > 0) std::printf("    %s: %lld of %lld over; first: %s\n", s.stage.c_str(),
                                           static_cast<long long>(s.violations), static_cast<long long>(s.checked),
                                           s.first_violation.c_str());

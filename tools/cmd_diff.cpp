@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "core/error.h"
-#include "golden/dump_diff.h"
+#include "compare/dump_diff.h"
 #include "tools/commands.h"
 #include "tools/report.h"
 #include "tools/runner.h"

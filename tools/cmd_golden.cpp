@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "golden/generator.h"
+#include "compare/golden_verify.h"
 #include "golden/golden_set.h"
 #include "golden/sha256.h"
 #include "tools/commands.h"
@@ -72,9 +73,7 @@ int golden_verify(const GoldenArgs& a) {
       const Dump golden = read_dump(a.data + "/" + golden_dump_name(g, impl));
       Dump fresh = run_layers(m, golden_spec(g, parse_impl(impl, "golden")), nullptr);
       fresh.path = "regenerated " + std::string(impl);
-      DiffOptions o;
-      o.tolerance = golden_tolerance(impl);
-      const DiffReport r = diff_dumps(golden, fresh, o);
+      const DiffReport r = verify_golden_dump(golden, fresh, impl);
       same = same && r.same;
       p.step(g.name + " " + impl);
       if (a.json) {
@@ -84,7 +83,7 @@ int golden_verify(const GoldenArgs& a) {
         continue;
       }
       std::printf("%s %s: %s (%s, %zu layer(s) x %lld token(s))\n", g.name.c_str(), impl, r.same ? "same" : "DIFFERS",
-                  o.tolerance.describe().c_str(), r.layers.size(), static_cast<long long>(g.tokens));
+                  golden_tolerance(impl).describe().c_str(), r.layers.size(), static_cast<long long>(g.tokens));
       if (!r.same) std::printf("%s", diff_text(r).c_str());
     }
   }

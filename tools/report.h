@@ -1,11 +1,11 @@
-// Human and machine forms of a dump comparison (golden/dump_diff.h): the per-layer stage
+// Human and machine forms of a dump comparison (compare/dump_diff.h): the per-layer stage
 // table, routing flips with their margins, the first located mismatches. Used by `diff`,
 // `check` and `golden verify`. Contract: docs/cli.md "diff" (output).
 #pragma once
 
 #include <string>
 
-#include "golden/dump_diff.h"
+#include "compare/dump_diff.h"
 #include "tools/json.h"
 
 namespace moecheck::cli {

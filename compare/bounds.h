@@ -14,7 +14,7 @@
 #include "core/schedule.h"
 #include "core/taps.h"
 
-namespace moecheck::ref {
+namespace moecheck {
 
 // Rounding-error constants of docs/numerics.md: u = 2^-24, gamma_n = n u / (1 - n u), and the
 // same for f64 (u64 = 2^-53).
@@ -66,4 +66,4 @@ struct BoundsReport {
 BoundsReport check_emu_against_exact(const LayerWeights& w, const LayerTaps& emu, RouterVariant router,
                                      LayerTaps* exact_taps = nullptr);
 
-}  // namespace moecheck::ref
+}  // namespace moecheck

@@ -1,8 +1,8 @@
 // Stage-by-stage bounds of the emulation against the reference in Exact mode: every formula of
 // docs/numerics.md "Error bounds vs the reference's Exact mode", each stage's bound widened by the
 // measured difference of its inputs (propagation), routing flips explained by the logit bound.
-// Contract: docs/numerics.md (the formulas), reference/emu_bounds.h (what is checked where).
-#include "reference/emu_bounds.h"
+// Contract: docs/numerics.md (the formulas), compare/bounds.h (what is checked where).
+#include "compare/bounds.h"
 
 #include <algorithm>
 #include <cmath>
@@ -18,7 +18,7 @@
 #include "core/schedule.h"
 #include "reference/moe.h"
 
-namespace moecheck::ref {
+namespace moecheck {
 
 double q8_block_bound(const float* x) {
   // |x_i - q_i d16| <= d/2 + 128 u d + 127 |d - d16| + max(0, amax - 127 d).
@@ -168,7 +168,7 @@ void check_expert(const LayerWeights& w, const MatView& w1, const MatView& w3, c
   std::vector<double> xe(static_cast<size_t>(n * dim));
   for (int64_t j = 0; j < n; ++j)
     for (int64_t k = 0; k < dim; ++k) xe[j * dim + k] = xf[e.tokens[j] * dim + k];
-  const Expert rx(w1, w3, w2, c.swiglu_limit);
+  const ref::Expert rx(w1, w3, w2, c.swiglu_limit);
   ExpertTaps rt;
   out.down_ref = rx.forward_exact(xe.data(), n, nullptr, &rt);
   out.down_err.assign(static_cast<size_t>(n * dim), 0.0);
@@ -296,9 +296,9 @@ BoundsReport check_emu_against_exact(const LayerWeights& w, const LayerTaps& et,
   const uint16_t* x = et.input.data();
   LayerTaps local;
   LayerTaps& rtaps = exact_taps ? *exact_taps : local;
-  const std::vector<double> acc_ref = MoE(w, Precision::kExact).forward_exact(x, T, &rtaps);
-  const std::vector<double> z = Gate(w).logits_exact(x, T);
-  const ExactRouting rr = route_from_logits_exact(z.data(), T, w.bias, c, w.layer);
+  const std::vector<double> acc_ref = ref::MoE(w, ref::Precision::kExact).forward_exact(x, T, &rtaps);
+  const std::vector<double> z = ref::Gate(w).logits_exact(x, T);
+  const ref::ExactRouting rr = ref::route_from_logits_exact(z.data(), T, w.bias, c, w.layer);
 
   // Router logits.
   const int64_t depth = router == RouterVariant::kPlain ? 8 * ((dim + 255) / 256) + 5 : 8 * ((dim + 2047) / 2048) + 7 + 5;
@@ -423,4 +423,4 @@ BoundsReport check_emu_against_exact(const LayerWeights& w, const LayerTaps& et,
   return rep;
 }
 
-}  // namespace moecheck::ref
+}  // namespace moecheck

@@ -1,11 +1,11 @@
 // The agreement rules of `moecheck check`: ref ~ emu by the derived bounds of docs/numerics.md
-// (reference/emu_bounds.cpp computes them), NMSE measured for information, emu = cuda exact.
+// (compare/bounds.cpp computes them), NMSE measured for information, emu = cuda exact.
 // Contract: docs/cli.md "check".
-#include "tools/check_policy.h"
+#include "compare/check_policy.h"
 
 #include <limits>
 
-namespace moecheck::cli {
+namespace moecheck {
 namespace {
 
 bool input_same(const LayerDiff& info) {
@@ -33,11 +33,11 @@ DiffOptions ref_info_options() {
 
 DiffOptions exact_leg_options() { return DiffOptions{}; }
 
-bool ref_leg_pass(const LayerDiff& info, const ref::BoundsReport& bounds) {
+bool ref_leg_pass(const LayerDiff& info, const BoundsReport& bounds) {
   return input_same(info) && bounds.ok();
 }
 
-std::string ref_leg_first_failing(const LayerDiff& info, const ref::BoundsReport& bounds) {
+std::string ref_leg_first_failing(const LayerDiff& info, const BoundsReport& bounds) {
   if (!input_same(info)) {
     for (const StageDiff& s : info.stages)
       if ((s.stage == "input" || s.stage == "shared.weights") && !s.pass) return s.stage;
@@ -45,4 +45,4 @@ std::string ref_leg_first_failing(const LayerDiff& info, const ref::BoundsReport
   return bounds.first_failing();
 }
 
-}  // namespace moecheck::cli
+}  // namespace moecheck

@@ -1,7 +1,7 @@
 // Stage-by-stage comparison of two dumps: statistics, tolerance verdicts and located
 // mismatches. Routing first (sets per token), then every stage on the tokens whose routing
 // agrees. Contract: docs/cli.md "diff" (the rules and the statistics' definitions).
-#include "golden/dump_diff.h"
+#include "compare/dump_diff.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "core/numfmt.h"
 #include "core/routing.h"
-#include "golden/dump_diff_where.h"
+#include "compare/dump_diff_where.h"
 
 namespace moecheck {
 namespace {

@@ -1,16 +1,16 @@
 // What `moecheck check` calls agreement between the implementations (docs/cli.md "check"):
 // emu = cuda bit for bit on every stage; ref ~ emu (or ref ~ cuda) within the bounds derived in
-// docs/numerics.md "Error bounds vs the reference's Exact mode" (reference/emu_bounds.h), stage by
+// docs/numerics.md "Error bounds vs the reference's Exact mode" (compare/bounds.h), stage by
 // stage, routing flips only where the logit bound explains them. NMSE of ref ~ emu against the
 // reference in the requested precision is measured for information only.
 #pragma once
 
 #include <string>
 
-#include "golden/dump_diff.h"
-#include "reference/emu_bounds.h"
+#include "compare/dump_diff.h"
+#include "compare/bounds.h"
 
-namespace moecheck::cli {
+namespace moecheck {
 
 // Options of the informational ref ~ emu dump comparison: NMSE per stage with no limit, except
 // the input (both sides must have run on the same bits) and shared.weights (1 on both sides).
@@ -20,8 +20,8 @@ DiffOptions exact_leg_options();
 
 // The ref ~ emu verdict of one layer: every stage within its derived bound, every routing flip
 // explained, and the same input bits on both sides (`info` is the NMSE comparison of the dumps).
-bool ref_leg_pass(const LayerDiff& info, const ref::BoundsReport& bounds);
+bool ref_leg_pass(const LayerDiff& info, const BoundsReport& bounds);
 // The first thing that broke in pipeline order ("input" before any bound); "" when it passes.
-std::string ref_leg_first_failing(const LayerDiff& info, const ref::BoundsReport& bounds);
+std::string ref_leg_first_failing(const LayerDiff& info, const BoundsReport& bounds);
 
-}  // namespace moecheck::cli
+}  // namespace moecheck

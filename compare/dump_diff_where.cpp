@@ -2,7 +2,7 @@
 // row is c and its K-quant super-blocks span the whole input dimension; for an element k of an
 // input dimension (x, h) the q8_1 block is k / 32, the super-block k / 256 and the sub-block
 // (k % 256) / 16 of every weight row that reads it. Contract: docs/cli.md "diff".
-#include "golden/dump_diff_where.h"
+#include "compare/dump_diff_where.h"
 
 #include "core/blocks.h"
 
