@@ -34,10 +34,10 @@ struct MmvqBound { double exact = 0, bound = 0, mag = 0; };
 MmvqBound mmvq_exact_bound(GgmlType t, const uint8_t* row, const BlockQ8_1* a, const float* x, int64_t K,
                            const double* eblk = nullptr);
 
-// One stage's verdict. Stage names are the dump's (docs/golden-format.md): router_logits,
-// topk_weights, experts.{gate,up,h,down}, shared.{gate,up,h,down}, acc, output.
+// One stage's verdict: router_logits, topk_weights, experts.{gate,up,h,down},
+// shared.{gate,up,h,down}, acc, output.
 struct StageCheck {
-  std::string stage;
+  Stage stage = Stage::kOutput;
   int64_t checked = 0;         // values compared
   int64_t violations = 0;      // values with |emu - exact| > bound (or NaN)
   double worst_ratio = 0;      // max |emu - exact| / bound (inf for a difference on a zero bound)
@@ -51,10 +51,10 @@ struct BoundsReport {
   int64_t unexplained_flips = 0;   // pairs the logit bound cannot explain (any flip under softmax)
   std::vector<std::string> flip_lines;  // one line per pair: exact keys, margin, what the bound allows
   bool ok() const;
-  // The first stage in pipeline order with a violation; "topk_ids" when a flip is unexplained
-  // (routing comes before the weights); "" when ok.
-  std::string first_failing() const;
-  const StageCheck* stage(const std::string& name) const;
+  // The first stage in pipeline order with a violation; topk_ids when a flip is unexplained
+  // (routing comes before the weights). Meaningful when !ok().
+  Stage first_failing() const;
+  const StageCheck* stage(Stage s) const;  // nullptr for a stage this check does not judge
 };
 
 // Runs the reference in Exact mode on emu.input and checks every stage of `emu` (taps of a

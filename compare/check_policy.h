@@ -21,7 +21,8 @@ DiffOptions exact_leg_options();
 // The ref ~ emu verdict of one layer: every stage within its derived bound, every routing flip
 // explained, and the same input bits on both sides (`info` is the NMSE comparison of the dumps).
 bool ref_leg_pass(const LayerDiff& info, const BoundsReport& bounds);
-// The first thing that broke in pipeline order ("input" before any bound); "" when it passes.
-std::string ref_leg_first_failing(const LayerDiff& info, const BoundsReport& bounds);
+// The first thing that broke in pipeline order (the input's bits before any bound); meaningful
+// when ref_leg_pass is false.
+Stage ref_leg_first_failing(const LayerDiff& info, const BoundsReport& bounds);
 
 }  // namespace moecheck

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/taps.h"
 #include "golden/dump.h"
 
 namespace moecheck {
@@ -36,7 +37,7 @@ struct Tolerance {
 // One located mismatch.
 struct Mismatch {
   int layer = 0;
-  std::string stage;     // "output", "experts.gate", "shared.h_q8", ...
+  Stage stage = Stage::kOutput;
   int64_t token = -1;    // -1: not token-indexed
   int32_t expert = -1;   // routed expert id; -1 none (shared stages say "shared" in stage)
   int64_t index = 0;     // column (element within the token's row) or q8_1 block
@@ -47,7 +48,7 @@ struct Mismatch {
 };
 
 struct StageDiff {
-  std::string stage;
+  Stage stage = Stage::kOutput;
   std::string dtype;          // "bfloat16", "float32", "int32", "block_q8_1"
   std::string status;         // "" compared; "only in A", "only in B", "absent"
   int64_t compared = 0;       // elements compared
@@ -85,7 +86,9 @@ struct LayerDiff {
   RoutingDiff routing;
   std::vector<StageDiff> stages;  // pipeline order
   bool pass = true;
-  std::string first_failing;      // first stage in pipeline order that failed ("routing" possible)
+  Stage first_failing = Stage::kInput;  // first stage in pipeline order that failed (when !pass)
+
+  const StageDiff* stage(Stage s) const;  // nullptr when the stage was not compared
 };
 
 struct DiffReport {
@@ -100,12 +103,12 @@ inline constexpr size_t kMaxMismatches = 10;
 
 struct DiffOptions {
   Tolerance tolerance;
-  // Per-stage overrides (keys as StageDiff::stage), e.g. check's NMSE bound per stage.
-  std::map<std::string, Tolerance> stage_tolerance;
+  // Per-stage overrides, e.g. exact input bits in check's NMSE comparison.
+  std::map<Stage, Tolerance> stage_tolerance;
   // Router bias of layer L (f32 [n_routed]) for key margins; empty: logit margins.
   std::function<const float*(int layer)> bias;
-  // Stages left out of the verdict (still measured), e.g. "x_q8" between ref and emu.
-  std::vector<std::string> informational;
+  // Stages left out of the verdict (still measured), e.g. x_q8 between ref and emu.
+  std::vector<Stage> informational;
 };
 
 // Throws InputError (naming both files and the field) when the dumps cannot be compared:

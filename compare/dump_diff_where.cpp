@@ -34,15 +34,15 @@ std::string where_q8_block(const MoeConfig&, int64_t g, bool down_input, int32_t
          std::to_string((g * kQK8_1 % kQK_K) / 16 + 1) + " of every " + w + " row";
 }
 
-std::string where_expert_element(const MoeConfig& c, const std::string& stage, int32_t expert, int64_t j) {
+std::string where_expert_element(const MoeConfig& c, ExpertField f, int32_t expert, int64_t j) {
   const bool shared = expert < 0;
-  if (stage == "weights") return "routing weight";
-  if (stage == "gate" || stage == "up") {
-    const std::string t = expert_tensor(stage.c_str(), expert);
+  if (f == ExpertField::kWeights) return "routing weight";
+  if (f == ExpertField::kGate || f == ExpertField::kUp) {
+    const std::string t = expert_tensor(f == ExpertField::kGate ? "gate" : "up", expert);
     return "weight row " + std::to_string(j) + " of " + t + (shared ? "" : " (Q2_K blocks 0.." +
            std::to_string(c.dim / kQK_K - 1) + ")");
   }
-  if (stage == "h")
+  if (f == ExpertField::kH)
     return "h element " + std::to_string(j) + ": " + input_element(j, expert_tensor("down", expert));
   return "weight row " + std::to_string(j) + " of " + expert_tensor("down", expert) +
          (shared ? "" : " (Q3_K blocks 0.." + std::to_string(c.inter / kQK_K - 1) + ")");

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/config.h"
+#include "core/taps.h"
 
 namespace moecheck {
 
@@ -17,8 +18,8 @@ std::string where_input_element(const MoeConfig& c, int64_t k);
 std::string where_router_row(int64_t e);
 // q8_1 block g of x (down_input false, K = dim) or of h (down_input true, K = inter).
 std::string where_q8_block(const MoeConfig& c, int64_t g, bool down_input, int32_t expert);
-// Column j of an expert stage ("weights", "gate", "up", "h", "down"); expert -1 is the shared one.
-std::string where_expert_element(const MoeConfig& c, const std::string& stage, int32_t expert, int64_t j);
+// Column j of an expert stage (weights, gate, up, h, down); expert -1 is the shared one.
+std::string where_expert_element(const MoeConfig& c, ExpertField f, int32_t expert, int64_t j);
 // Column j of acc / output.
 std::string where_output_column(int64_t j);
 // Name of byte i of a block_q8_1: "d", "s" or "qs[n]".

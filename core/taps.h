@@ -1,15 +1,62 @@
 // What a layer forward can return besides its output: every stage, in the same structure from
 // the reference, the emulation and the CUDA driver, so that any stage can be compared (and
 // dumped to HDF5 by golden/). Shapes in comments, row-major. Stages an implementation does not
-// have (the reference has no q8_1 blocks) stay empty.
+// have (the reference has no q8_1 blocks) stay empty. The Stage enum names each stage once for
+// the dump writer and every judge (docs/golden-format.md lists the dataset names).
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/blocks.h"
 
 namespace moecheck {
+
+// Every stage of one layer forward, in pipeline order. Routed-expert stages (kExperts*) hold one
+// row per (expert, token) the forward computed; shared-expert stages (kShared*) one per token.
+enum class Stage : int {
+  kInput,
+  kRouterLogits,
+  kTopkIds,
+  kTopkWeights,
+  kXQ8,
+  kExpertsWeights,
+  kExpertsGate,
+  kExpertsUp,
+  kExpertsH,
+  kExpertsHQ8,
+  kExpertsDown,
+  kSharedWeights,
+  kSharedGate,
+  kSharedUp,
+  kSharedH,
+  kSharedHQ8,
+  kSharedDown,
+  kAcc,
+  kOutput,
+};
+inline constexpr int kStageCount = 19;
+
+// The per-expert fields of ExpertTaps, in pipeline order.
+enum class ExpertField : int { kWeights, kGate, kUp, kH, kHQ8, kDown };
+inline constexpr int kExpertFieldCount = 6;
+
+// Every stage in pipeline order.
+const std::array<Stage, kStageCount>& all_stages();
+// The report name: "input", "router_logits", "experts.gate", "shared.h_q8", ...
+const char* stage_name(Stage s);
+// The HDF5 dataset name: under /layers/<L>/ for layer stages ("router_logits"), under
+// experts/<E>/ or shared/ for expert stages ("gate").
+const char* stage_dataset(Stage s);
+// Whether the stage is a field of a routed or of the shared expert, and which field.
+bool is_routed_stage(Stage s);
+bool is_shared_stage(Stage s);
+ExpertField stage_field(Stage s);  // expert stages only
+Stage expert_stage(bool shared, ExpertField f);
+// The report name's inverse; false when `name` is no stage.
+bool parse_stage(const std::string& name, Stage* out);
 
 struct ExpertTaps {
   int32_t expert = -1;            // routed expert id; -1 for the shared expert

@@ -46,20 +46,20 @@ void put_expert(hid_t parent, const std::string& name, const ExpertTaps& e, cons
   h5::write_attr(g.get(), "expert", static_cast<int64_t>(e.expert));
   check_size(e.weights.size(), n, where + "/weights");
   h5::write_dataset(g.get(), "tokens", Elem::kI32, e.tokens.data(), {n});
-  h5::write_dataset(g.get(), "weights", Elem::kF32, e.weights.data(), {n});
+  h5::write_dataset(g.get(), stage_dataset(Stage::kExpertsWeights), Elem::kF32, e.weights.data(), {n});
   auto f32 = [&](const char* s, const std::vector<float>& v, int64_t cols) {
     if (v.empty()) return;
     check_size(v.size(), n * cols, where + "/" + s);
     h5::write_dataset(g.get(), s, Elem::kF32, v.data(), {n, cols});
   };
-  f32("gate", e.gate, c.inter);
-  f32("up", e.up, c.inter);
-  f32("h", e.h, c.inter);
+  f32(stage_dataset(Stage::kExpertsGate), e.gate, c.inter);
+  f32(stage_dataset(Stage::kExpertsUp), e.up, c.inter);
+  f32(stage_dataset(Stage::kExpertsH), e.h, c.inter);
   if (!e.h_q8.empty()) {
     check_size(e.h_q8.size(), n * c.inter / kQK8_1, where + "/h_q8");
-    put_q8(g.get(), "h_q8", e.h_q8, n, c.inter);
+    put_q8(g.get(), stage_dataset(Stage::kExpertsHQ8), e.h_q8, n, c.inter);
   }
-  f32("down", e.down, c.dim);
+  f32(stage_dataset(Stage::kExpertsDown), e.down, c.dim);
 }
 
 void put_layer(hid_t layers, const LayerTaps& t, const DumpMeta& m) {
@@ -74,19 +74,19 @@ void put_layer(hid_t layers, const LayerTaps& t, const DumpMeta& m) {
   h5::Handle g = h5::create_group(layers, std::to_string(t.layer), where);
   h5::write_attr(g.get(), "layer", static_cast<int64_t>(t.layer));
   h5::write_attr(g.get(), "tokens", T);
-  put_bf16(g.get(), "input", t.input, T, c.dim);
-  put_bf16(g.get(), "output", t.output, T, c.dim);
-  h5::write_dataset(g.get(), "router_logits", Elem::kF32, t.router_logits.data(), {T, c.n_routed});
-  h5::write_dataset(g.get(), "topk_ids", Elem::kI32, t.topk_ids.data(), {T, c.topk});
-  h5::write_dataset(g.get(), "topk_weights", Elem::kF32, t.topk_weights.data(), {T, c.topk});
+  put_bf16(g.get(), stage_dataset(Stage::kInput), t.input, T, c.dim);
+  put_bf16(g.get(), stage_dataset(Stage::kOutput), t.output, T, c.dim);
+  h5::write_dataset(g.get(), stage_dataset(Stage::kRouterLogits), Elem::kF32, t.router_logits.data(), {T, c.n_routed});
+  h5::write_dataset(g.get(), stage_dataset(Stage::kTopkIds), Elem::kI32, t.topk_ids.data(), {T, c.topk});
+  h5::write_dataset(g.get(), stage_dataset(Stage::kTopkWeights), Elem::kF32, t.topk_weights.data(), {T, c.topk});
   if (!m.taps) return;
   if (!t.x_q8.empty()) {
     check_size(t.x_q8.size(), T * c.dim / kQK8_1, where + "/x_q8");
-    put_q8(g.get(), "x_q8", t.x_q8, T, c.dim);
+    put_q8(g.get(), stage_dataset(Stage::kXQ8), t.x_q8, T, c.dim);
   }
   if (!t.acc.empty()) {
     check_size(t.acc.size(), T * c.dim, where + "/acc");
-    h5::write_dataset(g.get(), "acc", Elem::kF32, t.acc.data(), {T, c.dim});
+    h5::write_dataset(g.get(), stage_dataset(Stage::kAcc), Elem::kF32, t.acc.data(), {T, c.dim});
   }
   h5::Handle ex = h5::create_group(g.get(), "experts", where + "/experts");
   for (const ExpertTaps& e : t.experts) {
@@ -148,19 +148,19 @@ ExpertTaps get_expert(const h5::Reader& rd, hid_t g, const std::string& path, co
       rd.fail(path + "/tokens", "token ids must be ascending in [0, " + std::to_string(T) + "), found " +
                                     std::to_string(tok) + " at index " + std::to_string(i));
   }
-  e.weights = rd.read_dataset<float>(g, path, "weights", {n});
+  e.weights = rd.read_dataset<float>(g, path, stage_dataset(Stage::kExpertsWeights), {n});
   auto f32 = [&](const char* s, int64_t cols) {
     return rd.has_object(g, s) ? rd.read_dataset<float>(g, path, s, {n, cols}) : std::vector<float>{};
   };
-  e.gate = f32("gate", c.inter);
-  e.up = f32("up", c.inter);
-  e.h = f32("h", c.inter);
-  if (rd.has_object(g, "h_q8")) {
-    const auto raw = rd.read_dataset<uint8_t>(g, path, "h_q8", {n, c.inter / kQK8_1, kQ8Bytes});
+  e.gate = f32(stage_dataset(Stage::kExpertsGate), c.inter);
+  e.up = f32(stage_dataset(Stage::kExpertsUp), c.inter);
+  e.h = f32(stage_dataset(Stage::kExpertsH), c.inter);
+  if (rd.has_object(g, stage_dataset(Stage::kExpertsHQ8))) {
+    const auto raw = rd.read_dataset<uint8_t>(g, path, stage_dataset(Stage::kExpertsHQ8), {n, c.inter / kQK8_1, kQ8Bytes});
     e.h_q8.resize(raw.size() / sizeof(BlockQ8_1));
     std::copy(raw.begin(), raw.end(), reinterpret_cast<uint8_t*>(e.h_q8.data()));
   }
-  e.down = f32("down", c.dim);
+  e.down = f32(stage_dataset(Stage::kExpertsDown), c.dim);
   return e;
 }
 
@@ -179,26 +179,27 @@ LayerTaps get_layer(const h5::Reader& rd, hid_t layers, const DumpMeta& m, int32
   LayerTaps t;
   t.layer = L;
   t.tokens = T;
-  t.input = rd.read_dataset<uint16_t>(g.get(), path, "input", {T, c.dim});
-  require_bf16_attr(rd, g.get(), path, "input");
-  t.output = rd.read_dataset<uint16_t>(g.get(), path, "output", {T, c.dim});
-  require_bf16_attr(rd, g.get(), path, "output");
-  t.router_logits = rd.read_dataset<float>(g.get(), path, "router_logits", {T, c.n_routed});
-  t.topk_ids = rd.read_dataset<int32_t>(g.get(), path, "topk_ids", {T, c.topk});
+  t.input = rd.read_dataset<uint16_t>(g.get(), path, stage_dataset(Stage::kInput), {T, c.dim});
+  require_bf16_attr(rd, g.get(), path, stage_dataset(Stage::kInput));
+  t.output = rd.read_dataset<uint16_t>(g.get(), path, stage_dataset(Stage::kOutput), {T, c.dim});
+  require_bf16_attr(rd, g.get(), path, stage_dataset(Stage::kOutput));
+  t.router_logits = rd.read_dataset<float>(g.get(), path, stage_dataset(Stage::kRouterLogits), {T, c.n_routed});
+  t.topk_ids = rd.read_dataset<int32_t>(g.get(), path, stage_dataset(Stage::kTopkIds), {T, c.topk});
   for (size_t i = 0; i < t.topk_ids.size(); ++i) {
     const int32_t id = t.topk_ids[i];
     if (id < 0 || id >= c.n_routed)
       rd.fail(path + "/topk_ids", "token " + std::to_string(i / static_cast<size_t>(c.topk)) + ": expert id " +
                                       std::to_string(id) + " outside [0, " + std::to_string(c.n_routed) + ")");
   }
-  t.topk_weights = rd.read_dataset<float>(g.get(), path, "topk_weights", {T, c.topk});
+  t.topk_weights = rd.read_dataset<float>(g.get(), path, stage_dataset(Stage::kTopkWeights), {T, c.topk});
   if (!m.taps) return t;
-  if (rd.has_object(g.get(), "x_q8")) {
-    const auto raw = rd.read_dataset<uint8_t>(g.get(), path, "x_q8", {T, c.dim / kQK8_1, kQ8Bytes});
+  if (rd.has_object(g.get(), stage_dataset(Stage::kXQ8))) {
+    const auto raw = rd.read_dataset<uint8_t>(g.get(), path, stage_dataset(Stage::kXQ8), {T, c.dim / kQK8_1, kQ8Bytes});
     t.x_q8.resize(raw.size() / sizeof(BlockQ8_1));
     std::copy(raw.begin(), raw.end(), reinterpret_cast<uint8_t*>(t.x_q8.data()));
   }
-  if (rd.has_object(g.get(), "acc")) t.acc = rd.read_dataset<float>(g.get(), path, "acc", {T, c.dim});
+  if (rd.has_object(g.get(), stage_dataset(Stage::kAcc)))
+    t.acc = rd.read_dataset<float>(g.get(), path, stage_dataset(Stage::kAcc), {T, c.dim});
   h5::Handle ex = rd.open_group(g.get(), path, "experts");
   std::vector<int32_t> ids;
   for (const std::string& name : rd.children(ex.get(), path + "/experts")) {
@@ -272,17 +273,6 @@ DumpMeta get_meta(const h5::Reader& rd) {
 }
 
 }  // namespace
-
-const std::vector<std::string>& layer_stage_names() {
-  static const std::vector<std::string> k = {"input", "router_logits", "topk_ids", "topk_weights",
-                                             "x_q8", "experts", "shared", "acc", "output"};
-  return k;
-}
-
-const std::vector<std::string>& expert_stage_names() {
-  static const std::vector<std::string> k = {"tokens", "weights", "gate", "up", "h", "h_q8", "down"};
-  return k;
-}
 
 void write_dump(const std::string& path, const Dump& d) {
   if (d.layers.size() != d.meta.layers.size())

@@ -60,9 +60,4 @@ Dump read_dump(const std::string& path);
 // Only the root attributes (cheap: inspect, diff's compatibility check).
 DumpMeta read_dump_meta(const std::string& path);
 
-// Stage names in pipeline order, as datasets are named under /layers/<L>/ (experts/<E>/ and
-// shared/ for the per-expert stages).
-const std::vector<std::string>& layer_stage_names();
-const std::vector<std::string>& expert_stage_names();
-
 }  // namespace moecheck

@@ -17,10 +17,9 @@ namespace {
 using testing::make_dump;
 using testing::small_config;
 
-const StageDiff& stage(const LayerDiff& l, const std::string& name) {
-  for (const StageDiff& s : l.stages)
-    if (s.stage == name) return s;
-  throw std::runtime_error("no stage " + name);
+const StageDiff& stage(const LayerDiff& l, Stage name) {
+  if (const StageDiff* s = l.stage(name)) return *s;
+  throw std::runtime_error(std::string("no stage ") + stage_name(name));
 }
 
 DiffOptions with(Tolerance t) {
@@ -45,13 +44,13 @@ TEST(DumpDiff, IdenticalDumpsAreSameEveryStageCompared_T4_E8_K2_dim256) {
   EXPECT_TRUE(r.same);
   ASSERT_EQ(r.layers.size(), 2u);
   for (const StageDiff& s : r.layers[0].stages) {
-    if (s.stage == "shared.h_q8") {
+    if (s.stage == Stage::kSharedHQ8) {
       EXPECT_EQ(s.status, "absent");  // the synthetic shared expert has no q8_1 blocks
       continue;
     }
-    EXPECT_TRUE(s.status.empty()) << s.stage;
-    EXPECT_GT(s.compared, 0) << s.stage;
-    EXPECT_EQ(s.out_of_tol, 0) << s.stage;
+    EXPECT_TRUE(s.status.empty()) << stage_name(s.stage);
+    EXPECT_GT(s.compared, 0) << stage_name(s.stage);
+    EXPECT_EQ(s.out_of_tol, 0) << stage_name(s.stage);
   }
 }
 
@@ -65,8 +64,8 @@ TEST(DumpDiff, OneBitInOutputIsLocatedAndJudgedPerMode_T4_E8_K2_dim256) {
   EXPECT_FALSE(r.same);
   EXPECT_TRUE(r.layers[0].pass);
   const LayerDiff& l = r.layers[1];
-  EXPECT_EQ(l.first_failing, "output");
-  const StageDiff& s = stage(l, "output");
+  EXPECT_EQ(l.first_failing, Stage::kOutput);
+  const StageDiff& s = stage(l, Stage::kOutput);
   EXPECT_EQ(s.out_of_tol, 1);
   ASSERT_EQ(s.first.size(), 1u);
   EXPECT_EQ(s.first[0].layer, 2);
@@ -97,8 +96,8 @@ TEST(DumpDiff, ExpertDownMismatchNamesExpertTokenAndWeightRow_T4_E8_K2_dim256) {
   e.down[static_cast<size_t>(row * 256 + col)] += 0.5f;
   const DiffReport r = diff_dumps(a, b, DiffOptions{});
   const LayerDiff& l = r.layers[0];
-  EXPECT_EQ(l.first_failing, "experts.down");
-  const StageDiff& s = stage(l, "experts.down");
+  EXPECT_EQ(l.first_failing, Stage::kExpertsDown);
+  const StageDiff& s = stage(l, Stage::kExpertsDown);
   ASSERT_EQ(s.first.size(), 1u);
   EXPECT_EQ(s.first[0].expert, e.expert);
   EXPECT_EQ(s.first[0].token, e.tokens[row]);
@@ -106,7 +105,7 @@ TEST(DumpDiff, ExpertDownMismatchNamesExpertTokenAndWeightRow_T4_E8_K2_dim256) {
   EXPECT_NE(s.first[0].where.find("weight row 100 of ffn_down_exps[" + std::to_string(e.expert) + "] (Q3_K blocks 0..0)"),
             std::string::npos) << s.first[0].where;
   // Later stages are still measured: the output is untouched in this synthetic dump.
-  EXPECT_TRUE(stage(l, "output").pass);
+  EXPECT_TRUE(stage(l, Stage::kOutput).pass);
 }
 
 TEST(DumpDiff, InputDimensionElementsNameQ8BlockSuperBlockAndSubBlock_T2_E8_K2_inter512) {
@@ -120,17 +119,17 @@ TEST(DumpDiff, InputDimensionElementsNameQ8BlockSuperBlockAndSubBlock_T2_E8_K2_i
   reinterpret_cast<uint8_t*>(&e.h_q8[9])[7] ^= 0x10;  // block 9 of token row 0, byte 7 = qs[3]
   const DiffReport r = diff_dumps(a, b, DiffOptions{});
   const LayerDiff& l = r.layers[0];
-  const StageDiff& h = stage(l, "experts.h");
+  const StageDiff& h = stage(l, Stage::kExpertsH);
   ASSERT_EQ(h.first.size(), 1u);
   EXPECT_NE(h.first[0].where.find("h element 300: q8_1 block 9, super-block 1 sub-block 2"), std::string::npos)
       << h.first[0].where;
-  const StageDiff& q = stage(l, "experts.h_q8");
+  const StageDiff& q = stage(l, Stage::kExpertsHQ8);
   ASSERT_EQ(q.first.size(), 1u);
   EXPECT_EQ(q.first[0].index, 9);
   EXPECT_NE(q.first[0].where.find("q8_1 block 9 (elements 288..319), super-block 1 sub-blocks 2-3"), std::string::npos)
       << q.first[0].where;
   EXPECT_NE(q.first[0].where.find("byte 7 (qs[3])"), std::string::npos) << q.first[0].where;
-  EXPECT_EQ(l.first_failing, "experts.h");
+  EXPECT_EQ(l.first_failing, Stage::kExpertsH);
 }
 
 TEST(DumpDiff, NaNEqualsNothingUnlessAsked_T2_E8_K2_dim256) {
@@ -139,7 +138,7 @@ TEST(DumpDiff, NaNEqualsNothingUnlessAsked_T2_E8_K2_dim256) {
   const Dump b = a;
   const DiffReport r = diff_dumps(a, b, DiffOptions{});
   EXPECT_FALSE(r.same);
-  EXPECT_EQ(stage(r.layers[0], "acc").nan_mismatch, 1);
+  EXPECT_EQ(stage(r.layers[0], Stage::kAcc).nan_mismatch, 1);
   DiffOptions o;
   o.tolerance.nan_equal = true;
   EXPECT_TRUE(diff_dumps(a, b, o).same);
@@ -155,11 +154,11 @@ TEST(DumpDiff, NmseIsAgainstAsEnergy_T3_E8_K2_dim256) {
   t.mode = ToleranceMode::kNmse;
   t.nmse = 1.01e-6;
   const DiffReport r = diff_dumps(a, b, with(t));
-  const StageDiff& s = stage(r.layers[0], "acc");
+  const StageDiff& s = stage(r.layers[0], Stage::kAcc);
   EXPECT_NEAR(s.nmse, 1e-6, 1e-8);
   EXPECT_TRUE(s.pass);
   t.nmse = 0.99e-6;
-  EXPECT_FALSE(stage(diff_dumps(a, b, with(t)).layers[0], "acc").pass);
+  EXPECT_FALSE(stage(diff_dumps(a, b, with(t)).layers[0], Stage::kAcc).pass);
 }
 
 TEST(DumpDiff, RoutingFlipCountedWithMarginsAndItsTokenLeftOut_T3_E8_K2_dim256) {
@@ -183,11 +182,11 @@ TEST(DumpDiff, RoutingFlipCountedWithMarginsAndItsTokenLeftOut_T3_E8_K2_dim256) 
   EXPECT_EQ(l.routing.margin_kind, "logit");
   EXPECT_EQ(f.margin_a, 11.0);  // k-th logit 1 minus the (k+1)-th, -10: exact in f32
   EXPECT_EQ(f.margin_b, 11.0);
-  EXPECT_EQ(l.first_failing, "router_logits");
-  EXPECT_EQ(stage(l, "topk_ids").out_of_tol, 1);
-  EXPECT_EQ(stage(l, "output").skipped_tokens, 1);
-  EXPECT_TRUE(stage(l, "output").pass);  // the other tokens agree
-  EXPECT_GT(stage(l, "experts.gate").skipped_tokens, 0);
+  EXPECT_EQ(l.first_failing, Stage::kRouterLogits);
+  EXPECT_EQ(stage(l, Stage::kTopkIds).out_of_tol, 1);
+  EXPECT_EQ(stage(l, Stage::kOutput).skipped_tokens, 1);
+  EXPECT_TRUE(stage(l, Stage::kOutput).pass);  // the other tokens agree
+  EXPECT_GT(stage(l, Stage::kExpertsGate).skipped_tokens, 0);
 
   // With the router bias (zero here) margins are keys: sqrtsoftplus(1) - sqrtsoftplus(-10).
   std::vector<float> bias(static_cast<size_t>(c.n_routed), 0.0f);
@@ -219,12 +218,12 @@ TEST(DumpDiff, FlipsWithinTheLogitDifferenceAreExplained_T3_E8_K2_dim256) {
   EXPECT_FALSE(l.pass);
   // router_logits differ too (by 2^-24); judge it by NMSE so only the flip is in question.
   DiffOptions o;
-  o.stage_tolerance["router_logits"].mode = ToleranceMode::kNmse;
-  o.stage_tolerance["router_logits"].nmse = 1e-12;
+  o.stage_tolerance[Stage::kRouterLogits].mode = ToleranceMode::kNmse;
+  o.stage_tolerance[Stage::kRouterLogits].nmse = 1e-12;
   r = diff_dumps(a, b, o);
-  EXPECT_EQ(r.layers[0].first_failing, "topk_ids");
+  EXPECT_EQ(r.layers[0].first_failing, Stage::kTopkIds);
   EXPECT_EQ(explain_flips(r.layers[0], c.gate_temp), 1);
-  EXPECT_TRUE(r.layers[0].pass) << r.layers[0].first_failing;
+  EXPECT_TRUE(r.layers[0].pass) << stage_name(r.layers[0].first_failing);
   // Same logits on both sides but different picks (a routing bug, not rounding): max |logit
   // difference| 0, each side's margin is 2^-24 > 2 * 0: not explained.
   Dump b2 = a;
@@ -232,7 +231,7 @@ TEST(DumpDiff, FlipsWithinTheLogitDifferenceAreExplained_T3_E8_K2_dim256) {
   DiffReport r2 = diff_dumps(a, b2, o);
   EXPECT_EQ(explain_flips(r2.layers[0], c.gate_temp), 0);
   EXPECT_FALSE(r2.layers[0].pass);
-  EXPECT_EQ(r2.layers[0].first_failing, "topk_ids");
+  EXPECT_EQ(r2.layers[0].first_failing, Stage::kTopkIds);
 }
 
 TEST(DumpDiff, ModelPyWeightedTapsCompareWithAccumulateWeightedOnes_T4_E8_K2_dim256) {
@@ -246,9 +245,9 @@ TEST(DumpDiff, ModelPyWeightedTapsCompareWithAccumulateWeightedOnes_T4_E8_K2_dim
       for (size_t j = 0; j < 256; ++j) e.down[r * 256 + j] = e.weights[r] * e.down[r * 256 + j];
     }
   const DiffReport r = diff_dumps(a, b, DiffOptions{});
-  EXPECT_TRUE(stage(r.layers[0], "experts.h").pass);
-  EXPECT_TRUE(stage(r.layers[0], "experts.down").pass);
-  EXPECT_FALSE(stage(r.layers[0], "experts.down").note.empty());
+  EXPECT_TRUE(stage(r.layers[0], Stage::kExpertsH).pass);
+  EXPECT_TRUE(stage(r.layers[0], Stage::kExpertsDown).pass);
+  EXPECT_FALSE(stage(r.layers[0], Stage::kExpertsDown).note.empty());
 }
 
 TEST(DumpDiff, IncomparableDumpsAreRefusedWithTheField) {

@@ -23,17 +23,17 @@ inline void expect_within_bounds(const BoundsReport& r, const std::string& cfg, 
   for (const std::string& line : r.flip_lines) std::printf("%s %s\n", cfg.c_str(), line.c_str());
   EXPECT_EQ(r.unexplained_flips, 0) << cfg << ": unexplained routing flip(s), see the lines above";
   for (const StageCheck& s : r.stages) {
-    EXPECT_EQ(s.violations, 0) << cfg << ": " << s.stage << ": " << s.violations << " of " << s.checked
+    EXPECT_EQ(s.violations, 0) << cfg << ": " << stage_name(s.stage) << ": " << s.violations << " of " << s.checked
                                << " values outside the bound; first: " << s.first_violation
                                << " (repro: --gtest_filter=" << ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name()
                                << "." << ::testing::UnitTest::GetInstance()->current_test_info()->name() << ")";
     if (expect_all_stages) {
-      EXPECT_GT(s.checked, 0) << cfg << ": stage " << s.stage << " checked nothing";
+      EXPECT_GT(s.checked, 0) << cfg << ": stage " << stage_name(s.stage) << " checked nothing";
     }
   }
   std::printf("%s layer %d: %lld routing flip(s); worst |emu - ref| / bound per stage:", cfg.c_str(), r.layer,
               static_cast<long long>(r.flips));
-  for (const StageCheck& s : r.stages) std::printf(" %s %.3g", s.stage.c_str(), s.worst_ratio);
+  for (const StageCheck& s : r.stages) std::printf(" %s %.3g", stage_name(s.stage), s.worst_ratio);
   std::printf("\n");
 }
 

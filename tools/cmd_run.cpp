@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "compare/check.h"
 #include "core/error.h"
 #include "core/numfmt.h"
 #include "tools/commands.h"
@@ -30,12 +31,6 @@ struct RunArgs {
   std::string shared_side = "on";
   bool json = false;
 };
-
-double l2(const std::vector<uint16_t>& y) {
-  double s = 0;
-  for (uint16_t v : y) s += static_cast<double>(bf16_to_f32(v)) * bf16_to_f32(v);
-  return std::sqrt(s);
-}
 
 int run_run(const RunArgs& a, bool input_seed_given) {
   if (!a.input.empty() && (input_seed_given || a.chain))
@@ -64,14 +59,14 @@ int run_run(const RunArgs& a, bool input_seed_given) {
     Json j;
     j.begin_object().kv("file", a.out).kv("implementation", d.meta.implementation).kv("variant", d.meta.variant);
     j.kv("tokens", d.meta.tokens).kv("taps", d.meta.taps).key("layers").begin_array();
-    for (const LayerTaps& t : d.layers) j.begin_object().kv("layer", t.layer).kv("output_l2", l2(t.output)).end_object();
+    for (const LayerTaps& t : d.layers) j.begin_object().kv("layer", t.layer).kv("output_l2", output_l2(t.output)).end_object();
     j.end_array().end_object();
     std::printf("%s\n", j.str().c_str());
   } else {
     std::printf("wrote %s: %s (%s), %zu layer(s) x %lld token(s)%s, model %s\n", a.out.c_str(), d.meta.implementation.c_str(),
                 d.meta.variant.c_str(), d.layers.size(), static_cast<long long>(d.meta.tokens), d.meta.taps ? ", all stages" : "",
                 d.meta.model_file.c_str());
-    for (const LayerTaps& t : d.layers) std::printf("  layer %d: output L2 %.6g\n", t.layer, l2(t.output));
+    for (const LayerTaps& t : d.layers) std::printf("  layer %d: output L2 %.6g\n", t.layer, output_l2(t.output));
   }
   return kExitSame;
 }

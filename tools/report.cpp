@@ -47,11 +47,11 @@ std::string join_ids(const std::vector<int32_t>& ids) {
 }  // namespace
 
 std::string mismatch_line(const Mismatch& m, const std::string& dtype) {
-  std::string s = "layer " + std::to_string(m.layer) + " " + m.stage;
-  if (m.expert >= 0 && m.stage != "topk_weights") s += " expert " + std::to_string(m.expert);
+  std::string s = "layer " + std::to_string(m.layer) + " " + stage_name(m.stage);
+  if (m.expert >= 0 && m.stage != Stage::kTopkWeights) s += " expert " + std::to_string(m.expert);
   if (m.token >= 0) s += " token " + std::to_string(m.token);
   if (dtype == "block_q8_1") s += " block " + std::to_string(m.index);
-  else if (m.stage == "topk_weights") s += " expert " + std::to_string(m.index);
+  else if (m.stage == Stage::kTopkWeights) s += " expert " + std::to_string(m.index);
   else s += " col " + std::to_string(m.index);
   s += ": A " + hex(m.a_bits, dtype) + " (" + value_text(m.a) + ") B " + hex(m.b_bits, dtype) + " (" +
        value_text(m.b) + ")";
@@ -68,7 +68,7 @@ std::string diff_text(const DiffReport& r) {
   int failing = 0;
   for (const LayerDiff& l : r.layers) {
     if (!l.pass) ++failing;
-    o += "layer " + std::to_string(l.layer) + ": " + (l.pass ? "same" : "DIFFERS (first failing stage: " + l.first_failing + ")") + "\n";
+    o += "layer " + std::to_string(l.layer) + ": " + (l.pass ? "same" : "DIFFERS (first failing stage: " + std::string(stage_name(l.first_failing)) + ")") + "\n";
     const RoutingDiff& rd = l.routing;
     o += "  routing: " + std::to_string(rd.tokens_differ) + " token(s) differ, " + std::to_string(rd.flips) + " flip(s)";
     o += rd.flip_list.empty() ? "\n" : "; margins are " + rd.margin_kind + " of the k-th pick minus the (k+1)-th candidate\n";
@@ -80,7 +80,7 @@ std::string diff_text(const DiffReport& r) {
     o += "  " + pad("stage", 16) + pad("dtype", 11) + pad("compared", 9) + pad("max_abs", 9) + pad("max_rel", 9) +
          pad("max_ulp", 11) + pad("nmse", 9) + pad("out", 7) + "verdict\n";
     for (const StageDiff& s : l.stages) {
-      o += "  " + pad(s.stage, 16) + pad(s.dtype, 11);
+      o += "  " + pad(stage_name(s.stage), 16) + pad(s.dtype, 11);
       if (!s.status.empty()) {
         o += s.status + (s.pass ? "" : "  FAIL") + "\n";
         continue;
@@ -113,7 +113,7 @@ void diff_json(Json& j, const DiffReport& r) {
   j.kv("a", r.a_path).kv("b", r.b_path).kv("tolerance", r.tolerance.describe()).kv("same", r.same).kv("note", r.note);
   j.key("layers").begin_array();
   for (const LayerDiff& l : r.layers) {
-    j.begin_object().kv("layer", l.layer).kv("same", l.pass).kv("first_failing", l.first_failing);
+    j.begin_object().kv("layer", l.layer).kv("same", l.pass).kv("first_failing", l.pass ? "" : stage_name(l.first_failing));
     j.key("routing").begin_object().kv("tokens_differ", l.routing.tokens_differ).kv("flips", l.routing.flips);
     j.kv("margin_kind", l.routing.margin_kind).key("flip_list").begin_array();
     for (const RoutingFlip& f : l.routing.flip_list) {
@@ -126,7 +126,7 @@ void diff_json(Json& j, const DiffReport& r) {
     j.end_array().end_object();
     j.key("stages").begin_array();
     for (const StageDiff& s : l.stages) {
-      j.begin_object().kv("stage", s.stage).kv("dtype", s.dtype).kv("status", s.status).kv("pass", s.pass);
+      j.begin_object().kv("stage", stage_name(s.stage)).kv("dtype", s.dtype).kv("status", s.status).kv("pass", s.pass);
       j.kv("compared", s.compared).kv("skipped_tokens", s.skipped_tokens).kv("max_abs", s.max_abs);
       j.kv("max_rel", s.max_rel).kv("max_ulp", s.max_ulp).kv("nmse", s.nmse).kv("nan_mismatch", s.nan_mismatch);
       j.kv("out_of_tolerance", s.out_of_tol).key("first_mismatches").begin_array();

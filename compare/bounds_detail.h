@@ -1,0 +1,60 @@
+// Pieces shared by the steps of the bounds check (internal to compare/): the per-stage counter,
+// the f64 score functions, the SwiGLU propagation bound and the per-expert down differences the
+// accumulate bound needs. Contract: docs/numerics.md "Error bounds vs the reference's Exact mode".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compare/bounds.h"
+#include "core/config.h"
+
+namespace moecheck::bounds_detail {
+
+// "%.9g".
+std::string num(double v);
+
+// Counts one value against its bound in the report's stage; `where` builds the location only for
+// the first violation.
+class Checker {
+ public:
+  explicit Checker(BoundsReport& r) : r_(r) {}
+  // counted: false for a second check of a value already counted (output against its own acc).
+  template <class Where>
+  void see(Stage s, double emu, double exact, double bound, const Where& where, bool counted = true) {
+    StageCheck& st = find(s);
+    if (counted) ++st.checked;
+    if (!record(st, emu, exact, bound)) return;
+    if (st.violations == 1) st.first_violation = message(st, where(), emu, exact, bound);
+  }
+
+ private:
+  StageCheck& find(Stage s);
+  // Updates the worst ratio; true (and counts it) when |emu - exact| > bound or NaN.
+  static bool record(StageCheck& st, double emu, double exact, double bound);
+  std::string message(const StageCheck& st, const std::string& where, double emu, double exact, double bound) const;
+
+  BoundsReport& r_;
+};
+
+// score_func(z) in f64 (softmax has no per-expert form: NaN).
+double score64(ScoreFunc f, double z);
+
+// "SwiGLU", propagated: the emulation's h from its own g, u against the reference's h from its
+// g, u (taps rounded to f32 from f64: each tap value is within u |tap| of the exact one).
+double h_bound(float ge, float ue, float gr, float ur, float hr, float L);
+
+// Per (token, column) of one expert's down output: the reference's exact value, |emu - exact| and
+// the magnitude the accumulate bound scales (sum |w2 h| plus the propagated input error).
+struct ExpertDiff {
+  std::vector<double> down_ref, down_err, down_mag;
+};
+
+// One expert's stages (routed, or the shared one when `shared`) on the tokens of its taps:
+// gate, up, h and down against the reference's Exact Expert on the same tokens.
+void check_expert(const LayerWeights& w, const MatView& w1, const MatView& w3, const MatView& w2,
+                  const ExpertTaps& e, const std::vector<BlockQ8_1>& x_q8, const std::vector<float>& xf,
+                  bool shared, Checker& ck, ExpertDiff& out);
+
+}  // namespace moecheck::bounds_detail

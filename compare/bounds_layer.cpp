@@ -1,0 +1,264 @@
+// check_emu_against_exact (compare/bounds.h) as named steps: validate the taps, run the Exact
+// reference, then router logits, routing flips, routing weights, every expert, acc and output,
+// each within the bound of docs/numerics.md "Error bounds vs the reference's Exact mode".
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <utility>
+
+#include "compare/bounds_detail.h"
+#include "core/error.h"
+#include "core/numfmt.h"
+#include "reference/moe.h"
+
+namespace moecheck {
+namespace {
+
+using bounds_detail::Checker;
+using bounds_detail::ExpertDiff;
+using bounds_detail::score64;
+
+// The stages this check judges, in pipeline order.
+constexpr Stage kJudged[] = {Stage::kRouterLogits, Stage::kTopkWeights, Stage::kExpertsGate, Stage::kExpertsUp,
+                             Stage::kExpertsH,     Stage::kExpertsDown, Stage::kSharedGate,  Stage::kSharedUp,
+                             Stage::kSharedH,      Stage::kSharedDown,  Stage::kAcc,         Stage::kOutput};
+
+void need(bool ok, const LayerTaps& t, const std::string& stage, size_t expected, size_t found) {
+  if (!ok)
+    throw InputError("bounds check, layer " + std::to_string(t.layer) + ": stage " + stage + ": expected " +
+                     std::to_string(expected) + " values, found " + std::to_string(found) +
+                     " (the emulation must run with every stage tapped)");
+}
+
+// h_q8 exists only where the down projection is a K-quant MMVQ (not for a bf16 shared expert).
+void validate_expert(const LayerTaps& t, const ExpertTaps& e, const std::string& name, const MoeConfig& c, bool q8) {
+  const size_t n = e.tokens.size();
+  for (int32_t tok : e.tokens)
+    if (tok < 0 || tok >= t.tokens)
+      throw InputError("bounds check, layer " + std::to_string(t.layer) + ": " + name + ": token " +
+                       std::to_string(tok) + " out of range [0, " + std::to_string(t.tokens) + ")");
+  const size_t ni = n * static_cast<size_t>(c.inter), nd = n * static_cast<size_t>(c.dim);
+  need(e.gate.size() == ni, t, name + ".gate", ni, e.gate.size());
+  need(e.up.size() == ni, t, name + ".up", ni, e.up.size());
+  need(e.h.size() == ni, t, name + ".h", ni, e.h.size());
+  if (q8) need(e.h_q8.size() == ni / kQK8_1, t, name + ".h_q8", ni / kQK8_1, e.h_q8.size());
+  need(e.down.size() == nd, t, name + ".down", nd, e.down.size());
+}
+
+void validate(const LayerWeights& w, const LayerTaps& t) {
+  const MoeConfig& c = w.config;
+  const auto T = static_cast<size_t>(t.tokens), dim = static_cast<size_t>(c.dim);
+  const auto E = static_cast<size_t>(c.n_routed), K = static_cast<size_t>(c.topk);
+  need(t.input.size() == T * dim, t, "input", T * dim, t.input.size());
+  need(t.router_logits.size() == T * E, t, "router_logits", T * E, t.router_logits.size());
+  need(t.topk_ids.size() == T * K, t, "topk_ids", T * K, t.topk_ids.size());
+  need(t.topk_weights.size() == t.topk_ids.size(), t, "topk_weights", t.topk_ids.size(), t.topk_weights.size());
+  need(t.x_q8.size() == T * dim / kQK8_1, t, "x_q8", T * dim / kQK8_1, t.x_q8.size());
+  need(t.acc.size() == T * dim, t, "acc", T * dim, t.acc.size());
+  need(t.output.size() == T * dim, t, "output", T * dim, t.output.size());
+  need(t.shared.tokens.size() == T, t, "shared.tokens", T, t.shared.tokens.size());
+  validate_expert(t, t.shared, "shared", c, w.shared_down.type != GgmlType::kBF16);
+  for (const ExpertTaps& e : t.experts) {
+    if (e.expert < 0 || e.expert >= c.n_routed)
+      throw InputError("bounds check, layer " + std::to_string(t.layer) + ": expert id " + std::to_string(e.expert) +
+                       " out of range [0, " + std::to_string(c.n_routed) + ")");
+    validate_expert(t, e, "experts." + std::to_string(e.expert), c, true);
+  }
+}
+
+class LayerCheck {
+ public:
+  LayerCheck(const LayerWeights& w, const LayerTaps& et, RouterVariant router, LayerTaps& rtaps, BoundsReport& rep)
+      : w_(w), c_(w.config), et_(et), router_(router), rtaps_(rtaps), rep_(rep), ck_(rep),
+        T_(et.tokens), E_(c_.n_routed), K_(c_.topk), dim_(c_.dim) {}
+
+  void run() {
+    const uint16_t* x = et_.input.data();
+    acc_ref_ = ref::MoE(w_, ref::Precision::kExact).forward_exact(x, T_, &rtaps_);
+    z_ = ref::Gate(w_).logits_exact(x, T_);
+    rr_ = ref::route_from_logits_exact(z_.data(), T_, w_.bias, c_, w_.layer);
+    logits();
+    routing();
+    weights();
+    experts();
+    acc_output();
+  }
+
+ private:
+  double key(int64_t t, int64_t e, double dz) const {
+    return score64(c_.score_func, (z_[t * E_ + e] + dz) / c_.gate_temp) + w_.bias[e];
+  }
+
+  // "Router GEMV": per logit, the chain depth of the variant's schedule times sum |w x|.
+  void logits() {
+    const int64_t dim = dim_;
+    const int64_t depth = router_ == RouterVariant::kPlain ? 8 * ((dim + 255) / 256) + 5
+                                                           : 8 * ((dim + 2047) / 2048) + 7 + 5;
+    const uint16_t* x = et_.input.data();
+    delta_.assign(static_cast<size_t>(T_ * E_), 0.0);
+    for (int64_t t = 0; t < T_; ++t) {
+      for (int64_t e = 0; e < E_; ++e) {
+        double mag = 0;
+        for (int64_t k = 0; k < dim; ++k)
+          mag += std::fabs(static_cast<double>(bf16_to_f32(w_.router[e * dim + k])) * bf16_to_f32(x[t * dim + k]));
+        delta_[t * E_ + e] = (gamma_f32(depth) + gamma_f64(dim)) * mag;
+        ck_.see(Stage::kRouterLogits, et_.router_logits[t * E_ + e], z_[t * E_ + e], delta_[t * E_ + e],
+                [t, e] { return "token " + std::to_string(t) + " expert " + std::to_string(e); });
+      }
+    }
+  }
+
+  // Pick sets compared; each flipped pair must be explained by the logit bound.
+  void routing() {
+    flipped_.assign(static_cast<size_t>(T_), false);
+    for (int64_t t = 0; t < T_; ++t) {
+      std::vector<int32_t> se(et_.topk_ids.begin() + t * K_, et_.topk_ids.begin() + (t + 1) * K_);
+      std::vector<int32_t> sr(rr_.ids.begin() + t * K_, rr_.ids.begin() + (t + 1) * K_);
+      std::sort(se.begin(), se.end());
+      std::sort(sr.begin(), sr.end());
+      if (se == sr) continue;
+      flipped_[t] = true;
+      for (int32_t e : se) {
+        if (std::binary_search(sr.begin(), sr.end(), e)) continue;
+        for (int32_t f : sr)
+          if (!std::binary_search(se.begin(), se.end(), f)) flip(t, e, f);
+      }
+    }
+  }
+
+  // One (emulation-only e, reference-only f) pair of token t.
+  void flip(int64_t t, int32_t e, int32_t f) {
+    auto eps = [&](int64_t x) { return 0x1p-19 * (std::fabs(key(t, x, 0)) + std::fabs(w_.bias[x])); };
+    ++rep_.flips;
+    const double hi_e = key(t, e, delta_[t * E_ + e]) + eps(e), lo_f = key(t, f, -delta_[t * E_ + f]) - eps(f);
+    const bool softmax = c_.score_func == ScoreFunc::kSoftmax;
+    const bool explained = !softmax && hi_e >= lo_f;
+    if (!explained) ++rep_.unexplained_flips;
+    char buf[400];
+    std::snprintf(buf, sizeof buf,
+                  "layer %d token %lld: flip, emulation picks %d (exact key %.17g), reference picks %d (exact key "
+                  "%.17g); margin %.3g, explainable up to %.3g: %s",
+                  et_.layer, static_cast<long long>(t), e, key(t, e, 0), f, key(t, f, 0), key(t, f, 0) - key(t, e, 0),
+                  hi_e - lo_f + key(t, f, 0) - key(t, e, 0),
+                  explained ? "explained" : softmax ? "UNEXPLAINED (softmax)" : "UNEXPLAINED");
+    rep_.flip_lines.emplace_back(buf);
+  }
+
+  // Weights of unflipped tokens: relative score error r = |s(z +- delta) - s(z)| / s + 2^-19,
+  // normalised weight error <= w (r_e + r_max + (topk + 4) u).
+  void weights() {
+    const double temp = c_.gate_temp;
+    for (int64_t t = 0; t < T_; ++t) {
+      if (flipped_[t]) continue;
+      double rmax = 0;
+      std::map<int32_t, double> rel;
+      for (int64_t k = 0; k < K_; ++k) {
+        const int32_t e = rr_.ids[t * K_ + k];
+        const double z = z_[t * E_ + e], d = delta_[t * E_ + e];
+        const double s0 = score64(c_.score_func, z / temp);
+        const double r = std::max(std::fabs(score64(c_.score_func, (z + d) / temp) - s0),
+                                  std::fabs(score64(c_.score_func, (z - d) / temp) - s0)) / s0 + 0x1p-19;
+        rel[e] = r;
+        rmax = std::max(rmax, r);
+      }
+      for (int64_t k = 0; k < K_; ++k) wref_[{t, rr_.ids[t * K_ + k]}].first = rr_.weights[t * K_ + k];
+      for (int64_t k = 0; k < K_; ++k) {
+        const int32_t e = et_.topk_ids[t * K_ + k];
+        auto& p = wref_[{t, e}];
+        p.second = et_.topk_weights[t * K_ + k];
+        const bool norm = c_.norm_topk_prob && K_ > 1;
+        const double b = std::fabs(p.first) * (rel[e] + (norm ? rmax : 0.0) + static_cast<double>(K_ + 4) * kU32);
+        ck_.see(Stage::kTopkWeights, p.second, p.first, b,
+                [t, e] { return "token " + std::to_string(t) + " expert " + std::to_string(e); });
+      }
+    }
+  }
+
+  // Every (expert, token) the implementation computed, then the shared expert.
+  void experts() {
+    xf_.resize(static_cast<size_t>(T_ * dim_));
+    for (int64_t i = 0; i < T_ * dim_; ++i) xf_[i] = bf16_to_f32(et_.input[i]);
+    for (const ExpertTaps& e : et_.experts) {
+      bounds_detail::check_expert(w_, w_.gate_exps.expert(e.expert), w_.up_exps.expert(e.expert),
+                                  w_.down_exps.expert(e.expert), e, et_.x_q8, xf_, false, ck_, diffs_[e.expert]);
+      for (size_t j = 0; j < e.tokens.size(); ++j) where_of_[{e.tokens[j], e.expert}] = {&e, static_cast<int64_t>(j)};
+    }
+    bounds_detail::check_expert(w_, w_.shared_gate, w_.shared_up, w_.shared_down, et_.shared, et_.x_q8, xf_, true, ck_,
+                                shared_);
+    for (int64_t t = 0; t < T_; ++t)
+      for (int64_t k = 0; k < K_; ++k)
+        if (where_of_.count({t, et_.topk_ids[t * K_ + k]}) == 0)
+          throw InputError("bounds check, layer " + std::to_string(et_.layer) + ": token " + std::to_string(t) +
+                           " picks expert " + std::to_string(et_.topk_ids[t * K_ + k]) +
+                           " but that expert's taps lack the token");
+  }
+
+  // "Accumulate" of unflipped tokens, then the output: the implementation's own acc rounded once
+  // to bf16 (finish), and within the acc bound plus two bf16 half-ulps of the reference's.
+  void acc_output() {
+    for (int64_t t = 0; t < T_; ++t) {
+      if (flipped_[t]) continue;
+      for (int64_t i = 0; i < dim_; ++i) {
+        const double ae = et_.acc[t * dim_ + i], ar = acc_ref_[t * dim_ + i];
+        auto wh = [t, i] { return "token " + std::to_string(t) + " col " + std::to_string(i); };
+        ck_.see(Stage::kAcc, ae, ar, acc_bound(t, i), wh);
+        const uint16_t y = et_.output[t * dim_ + i];
+        const double ye = bf16_to_f32(y);
+        if (y != f32_to_bf16(et_.acc[t * dim_ + i]))
+          ck_.see(Stage::kOutput, ye, bf16_to_f32(f32_to_bf16(et_.acc[t * dim_ + i])), 0.0,
+                  [&wh] { return wh() + " (output is not bf16(acc) of the same taps)"; }, false);
+        ck_.see(Stage::kOutput, ye, bf16_to_f32(rtaps_.output[t * dim_ + i]),
+                std::fabs(ae - ar) + 0x1p-8 * (std::fabs(ae) + std::fabs(ar)), wh);
+      }
+    }
+  }
+
+  double acc_bound(int64_t t, int64_t i) const {
+    const int64_t q = t * dim_ + i;
+    double b = shared_.down_err[q], mag = std::fabs(et_.shared.down[q]), mag_ref = shared_.down_mag[q];
+    for (int64_t k = 0; k < K_; ++k) {
+      const int32_t e = et_.topk_ids[t * K_ + k];
+      const auto [tap, j] = where_of_.at({t, e});
+      const auto [wr, we] = wref_.at({t, e});
+      const ExpertDiff& d = diffs_.at(e);
+      const double de = tap->down[j * dim_ + i];
+      b += std::fabs(we - wr) * std::fabs(de) + std::fabs(wr) * d.down_err[j * dim_ + i];
+      mag += std::fabs(we * de);
+      mag_ref += std::fabs(wr) * d.down_mag[j * dim_ + i];
+    }
+    return b + gamma_f32(K_ + 1) * mag + gamma_f64(2 * (c_.inter + K_ + 2)) * mag_ref;
+  }
+
+  const LayerWeights& w_;
+  const MoeConfig& c_;
+  const LayerTaps& et_;
+  RouterVariant router_;
+  LayerTaps& rtaps_;
+  BoundsReport& rep_;
+  Checker ck_;
+  const int64_t T_, E_, K_, dim_;
+  std::vector<double> acc_ref_, z_, delta_;
+  ref::ExactRouting rr_;
+  std::vector<bool> flipped_;
+  std::vector<float> xf_;
+  std::map<std::pair<int64_t, int32_t>, std::pair<double, double>> wref_;  // (t, e) -> (w_ref, w_emu)
+  std::map<std::pair<int64_t, int32_t>, std::pair<const ExpertTaps*, int64_t>> where_of_;  // (t, e) -> taps, row
+  std::map<int32_t, ExpertDiff> diffs_;
+  ExpertDiff shared_;
+};
+
+}  // namespace
+
+BoundsReport check_emu_against_exact(const LayerWeights& w, const LayerTaps& et, RouterVariant router,
+                                     LayerTaps* exact_taps) {
+  validate(w, et);
+  BoundsReport rep;
+  rep.layer = et.layer;
+  for (Stage s : kJudged) rep.stages.push_back(StageCheck{s, 0, 0, 0.0, ""});
+  LayerTaps local;
+  LayerCheck(w, et, router, exact_taps ? *exact_taps : local, rep).run();
+  return rep;
+}
+
+}  // namespace moecheck

@@ -1,0 +1,69 @@
+// The verdict of `moecheck check` as a value: which implementations ran, each leg's comparison
+// per layer (ref ~ emu by the derived bounds, emu = cuda bit for bit), the routing histogram and
+// the output norms. The command line runs the implementations, calls judge_check, then renders
+// the result as text or JSON (tools/check_render.h); no verdict is decided while printing.
+// Contract: docs/cli.md "check", compare/check_policy.h.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "compare/bounds.h"
+#include "compare/dump_diff.h"
+#include "core/layer_weights.h"
+#include "golden/dump.h"
+
+namespace moecheck {
+
+struct CheckLeg {
+  std::string name;                  // "ref~emu", "ref~cuda", "emu=cuda"
+  bool exact = false;                // emu=cuda: bit for bit; else the bounds leg
+  DiffReport report;                 // bounds leg: the NMSE comparison (information); exact: the verdict
+  std::vector<BoundsReport> bounds;  // bounds leg: the verdict, per layer
+  std::vector<bool> pass;            // per layer
+  std::vector<Stage> first_failing;  // per layer, meaningful where !pass
+  bool same() const;
+};
+
+struct CheckLayer {
+  int layer = 0;
+  std::vector<int64_t> tokens_per_expert;                // of the main dump's routing
+  std::vector<std::pair<std::string, double>> output_l2;  // each implementation, then "ref-exact"
+};
+
+struct CheckResult {
+  std::string model;         // what the user asked for: a path, or the embedded default's description
+  std::string model_sha256;  // identity of the model file as the dumps record it (may be empty)
+  MoeConfig config;
+  uint64_t input_seed = 0;
+  std::vector<std::pair<std::string, std::string>> ran;  // implementation, its variant line
+  std::map<std::string, std::string> not_run;            // implementation -> why
+  std::string routing_of;                                // implementation whose routing is shown
+  int64_t tokens = 0;
+  std::vector<CheckLeg> legs;
+  std::vector<CheckLayer> layers;
+  bool pass = true;
+};
+
+struct CheckInputs {
+  // The dumps of every implementation that ran, keyed "ref", "emu", "cuda"; all with taps.
+  std::map<std::string, Dump> dumps;
+  std::map<std::string, std::string> not_run;
+  // Layer L's weights (the model the dumps ran on).
+  std::function<LayerWeights(int)> layer;
+  RouterVariant router = RouterVariant::kStaged;  // the emu / cuda router variant that ran
+  bool ref_exact = false;                         // the ref dump already is Exact mode
+  // Called after each layer's bounds check (progress), with the layer id.
+  std::function<void(int)> on_bounds_layer;
+};
+
+CheckResult judge_check(const CheckInputs& in);
+
+// sqrt(sum y^2) of a bf16 output.
+double output_l2(const std::vector<uint16_t>& y);
+
+}  // namespace moecheck

@@ -1,0 +1,214 @@
+// Text and JSON forms of a CheckResult (compare/check.h): one three-way table per layer, the
+// first stage that broke on each leg, the routing histogram and the output norms. Reads the
+// verdicts; decides none. Contract: docs/cli.md "check".
+#include "tools/check_render.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "tools/report.h"
+
+namespace moecheck::cli {
+namespace {
+
+std::string pad(std::string s, size_t n) {
+  if (s.size() < n) s.resize(n, ' ');
+  return s + " ";
+}
+
+// emu=cuda cell: bitwise or how many values differ.
+std::string exact_cell(const StageDiff* s) {
+  if (s == nullptr) return "not run";
+  if (s->status == "absent") return "-";
+  if (!s->status.empty()) return std::string(s->pass ? "n/a " : "FAIL ") + "(" + s->status + ")";
+  const std::string v = s->pass ? "ok   " : "FAIL ";
+  if (s->stage == Stage::kTopkIds) return v + std::to_string(s->out_of_tol) + " flip(s)";
+  return v + (s->out_of_tol == 0 ? "bitwise" : std::to_string(s->out_of_tol) + " differ");
+}
+
+// A ratio below 1 never prints as "1" (0.99995 -> 0.999): the cell must not look like a bound hit.
+std::string ratio_text(double r) {
+  const std::string t = fmt_num(r);
+  return r < 1 && std::atof(t.c_str()) >= 1 ? "0.999" : t;
+}
+
+// ref~emu verdict cell: the worst |diff| / bound of the stage, its routing flips, or the input's bits.
+std::string bound_cell(const StageDiff& info, const BoundsReport& b) {
+  const Stage stage = info.stage;
+  if (stage == Stage::kInput || stage == Stage::kSharedWeights)
+    return info.pass ? "ok   same bits" : "FAIL " + std::to_string(info.out_of_tol) + " differ";
+  if (stage == Stage::kTopkIds) {
+    if (b.flips == 0) return "ok   0 flips";
+    return b.unexplained_flips == 0 ? "ok   " + std::to_string(b.flips) + " flip(s) explained"
+                                    : "FAIL " + std::to_string(b.unexplained_flips) + " of " + std::to_string(b.flips) +
+                                          " flip(s) unexplained";
+  }
+  const StageCheck* s = b.stage(stage);
+  if (s == nullptr) return "-";
+  if (s->checked == 0) return "-   (none checked)";
+  if (s->violations == 0) return "ok   " + ratio_text(s->worst_ratio) + " of bound";
+  return "FAIL " + std::to_string(s->violations) + " over, worst " + fmt_num(s->worst_ratio);
+}
+
+// NMSE (information) cell.
+std::string nmse_cell(const StageDiff* s) {
+  if (s == nullptr) return "-";
+  if (!s->status.empty()) return s->status;
+  if (s->stage == Stage::kTopkIds) return std::to_string(s->out_of_tol) + " flip(s)";
+  return fmt_num(s->nmse);
+}
+
+void bounds_json(Json& j, const BoundsReport& b) {
+  j.begin_object().kv("layer", b.layer).kv("ok", b.ok()).kv("first_failing", b.ok() ? "" : stage_name(b.first_failing()));
+  j.kv("flips", b.flips).kv("unexplained_flips", b.unexplained_flips).key("flip_lines").begin_array();
+  for (const std::string& l : b.flip_lines) j.value(l);
+  j.end_array().key("stages").begin_array();
+  for (const StageCheck& s : b.stages) {
+    j.begin_object().kv("stage", stage_name(s.stage)).kv("checked", s.checked).kv("violations", s.violations);
+    j.kv("worst_ratio", s.worst_ratio).kv("first_violation", s.first_violation).end_object();
+  }
+  j.end_array().end_object();
+}
+
+void header_text(std::string& o, const CheckResult& r) {
+  const MoeConfig& c = r.config;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "moecheck check: model %s\n  dim %lld, inter %lld, %lld experts, top %lld; %lld token(s) per layer, "
+                "input seed %llu\n",
+                r.model.c_str(), static_cast<long long>(c.dim), static_cast<long long>(c.inter),
+                static_cast<long long>(c.n_routed), static_cast<long long>(c.topk), static_cast<long long>(r.tokens),
+                static_cast<unsigned long long>(r.input_seed));
+  o += buf;
+  std::string ran;
+  for (const auto& [name, variant] : r.ran) {
+    if (!ran.empty()) ran += ", ";
+    ran += name + " (" + variant + ")";
+  }
+  o += "  ran: " + ran + "\n";
+  for (const auto& [name, why] : r.not_run) o += "  not run: " + name + ": " + why + "\n";
+  o += "  legs: ref~emu within the bounds derived against the reference in Exact mode (docs/numerics.md),\n"
+       "        column 'bound': worst |diff| / bound; column 'nmse': vs the ref run above, information only;\n"
+       "        emu=cuda bit for bit\n";
+}
+
+// One layer's table: a row per stage, a column (or two) per leg.
+void table_text(std::string& o, const CheckResult& r, size_t li, bool cuda_idle) {
+  o += "\nlayer " + std::to_string(r.layers[li].layer) + "\n  " + pad("stage", 15);
+  for (const CheckLeg& l : r.legs) {
+    if (l.exact) o += pad(l.name, 16);
+    else o += pad(l.name + " bound", 28) + pad(l.name + " nmse", 14);
+  }
+  if (cuda_idle) o += pad("emu=cuda", 16);
+  if (r.legs.empty()) o += "(one implementation ran: nothing to compare)";
+  o += "\n";
+  if (r.legs.empty()) return;
+  for (const StageDiff& first : r.legs[0].report.layers[li].stages) {
+    o += "  " + pad(stage_name(first.stage), 15);
+    for (const CheckLeg& l : r.legs) {
+      const StageDiff* s = l.report.layers[li].stage(first.stage);
+      if (l.exact) o += pad(exact_cell(s), 16);
+      else o += pad(s ? bound_cell(*s, l.bounds[li]) : "-", 28) + pad(nmse_cell(s), 14);
+    }
+    if (cuda_idle) o += "not run";
+    o += "\n";
+  }
+}
+
+// The leg's verdict line for a layer and what broke first.
+void leg_text(std::string& o, const CheckLeg& l, size_t li) {
+  o += "  " + l.name + ": " + (l.pass[li] ? "agree" : std::string("BROKE first at ") + stage_name(l.first_failing[li]));
+  const LayerDiff& ld = l.report.layers[li];
+  if (l.exact) {
+    o += "\n";
+    if (const StageDiff* s = ld.pass ? nullptr : ld.stage(ld.first_failing))
+      for (size_t k = 0; k < s->first.size() && k < 3; ++k) o += "    " + mismatch_line(s->first[k], s->dtype) + "\n";
+    return;
+  }
+  const BoundsReport& b = l.bounds[li];
+  if (b.flips > 0)
+    o += " (" + std::to_string(b.flips) + " routing flip(s), " + std::to_string(b.flips - b.unexplained_flips) +
+         " explained by the logit bound)";
+  o += "\n";
+  for (size_t k = 0; k < b.flip_lines.size() && k < 3; ++k) o += "    " + b.flip_lines[k] + "\n";
+  if (l.pass[li]) return;
+  if (const StageDiff* s = ld.stage(l.first_failing[li]);
+      s != nullptr && (s->stage == Stage::kInput || s->stage == Stage::kSharedWeights))
+    for (size_t k = 0; k < s->first.size() && k < 3; ++k) o += "    " + mismatch_line(s->first[k], s->dtype) + "\n";
+  for (const StageCheck& s : b.stages)
+    if (s.violations > 0)
+      o += "    " + std::string(stage_name(s.stage)) + ": " + std::to_string(s.violations) + " of " +
+           std::to_string(s.checked) + " over; first: " + s.first_violation + "\n";
+}
+
+void summary_text(std::string& o, const CheckResult& r, const CheckLayer& l) {
+  std::string h;
+  for (size_t e = 0; e < l.tokens_per_expert.size(); ++e) {
+    if (l.tokens_per_expert[e] == 0) continue;
+    if (!h.empty()) h += ' ';
+    h += std::to_string(e) + ":" + std::to_string(l.tokens_per_expert[e]);
+  }
+  o += "  routing (" + r.routing_of + "): tokens per expert " + h + "\n";
+  std::string norms;
+  for (const auto& [name, v] : l.output_l2) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s %.6g", name.c_str(), v);
+    if (!norms.empty()) norms += ", ";
+    norms += buf;
+  }
+  o += "  output L2 norm: " + norms + "\n";
+}
+
+}  // namespace
+
+std::string render_check_text(const CheckResult& r) {
+  std::string o;
+  header_text(o, r);
+  // The emu=cuda column stays in the table when cuda could not run, saying so.
+  bool has_emu = false;
+  for (const auto& [name, v] : r.ran) has_emu = has_emu || name == "emu";
+  const bool cuda_idle = r.not_run.count("cuda") > 0 && has_emu;
+  for (size_t li = 0; li < r.layers.size(); ++li) {
+    table_text(o, r, li, cuda_idle);
+    for (const CheckLeg& l : r.legs) leg_text(o, l, li);
+    summary_text(o, r, r.layers[li]);
+  }
+  o += std::string("\nresult: ") + (r.pass ? (r.legs.empty() ? "ran (nothing to compare)" : "PASS") : "FAIL") + "\n";
+  return o;
+}
+
+std::string render_check_json(const CheckResult& r) {
+  Json j;
+  j.begin_object().kv("model", r.model).kv("model_sha256", r.model_sha256).kv("tokens", r.tokens);
+  j.kv("input_seed", r.input_seed).key("ran").begin_array();
+  for (const auto& [name, v] : r.ran) j.value(name);
+  j.end_array().key("not_run").begin_object();
+  for (const auto& [name, why] : r.not_run) j.kv(name, why);
+  j.end_object().key("legs").begin_array();
+  for (const CheckLeg& l : r.legs) {
+    j.begin_object().kv("leg", l.name).kv("pass", l.same()).key("first_failing").begin_array();
+    for (size_t li = 0; li < l.pass.size(); ++li) j.value(l.pass[li] ? "" : stage_name(l.first_failing[li]));
+    j.end_array();
+    if (!l.exact) {
+      j.key("bounds").begin_array();
+      for (const BoundsReport& b : l.bounds) bounds_json(j, b);
+      j.end_array().key("nmse_info");
+    } else {
+      j.key("report");
+    }
+    diff_json(j, l.report);
+    j.end_object();
+  }
+  j.end_array().key("layers").begin_array();
+  for (const CheckLayer& l : r.layers) {
+    j.begin_object().kv("layer", l.layer).key("tokens_per_expert").begin_array();
+    for (int64_t h : l.tokens_per_expert) j.value(h);
+    j.end_array().key("output_l2").begin_object();
+    for (const auto& [name, v] : l.output_l2) j.kv(name, v);
+    j.end_object().end_object();
+  }
+  j.end_array().kv("pass", r.pass).end_object();
+  return j.str();
+}
+
+}  // namespace moecheck::cli
