@@ -287,7 +287,7 @@ void quantize_block_q3_K(const float* x, BlockQ3K& y) {
 }
 
 // Row decoders: per sub-block dl = d * sc (and ml = dmin * m) hoisted out of the element loop;
-// the same operations as q2k_dequant / q3k_dequant in emulate/blocks.h, so the same bits.
+// the same operations as q2k_dequant / q3k_dequant in core/blocks.h, so the same bits.
 void dequantize_block_q2_K(const BlockQ2K& b, float* y) {
   const float d = f16_to_f32(b.d);
   const float dmin = f16_to_f32(b.dmin);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "core/blocks.h"
 #include "core/config.h"
@@ -43,10 +44,23 @@ struct LayerWeights {
   ExpertStackView gate_exps;         // Q2_K [n_routed][inter, dim]  w1
   ExpertStackView up_exps;           // Q2_K [n_routed][inter, dim]  w3
   ExpertStackView down_exps;         // Q3_K [n_routed][dim, inter]  w2
-  MatView shared_gate;               // [inter, dim]  bf16, or K-quant (ResidentMat)
+  MatView shared_gate;               // [inter, dim]  bf16, or K-quant (gate/up Q2_K, down Q3_K)
   MatView shared_up;                 // [inter, dim]
   MatView shared_down;               // [dim, inter]
   std::shared_ptr<const void> keep_alive;
 };
+
+// Which weight types a reader accepts. kKernel: what the emulation and the CUDA kernels read in
+// place (routed stacks Q2_K or Q3_K; the shared expert all BF16 or all Q2_K / Q3_K). kDequantized:
+// what the reference dequantises (F32, F16, BF16, Q2_K, Q3_K anywhere).
+enum class WeightTypes { kKernel, kDequantized };
+
+// The one validator every implementation calls before it reads a layer: the config can work
+// (MoeConfig::validate), the router and bias are present, each routed stack holds n_routed or
+// more experts of [inter, dim] (down [dim, inter]) and the shared expert the same shapes, with
+// data, in types `types` accepts. Throws InputError "<who>: layer L: tensor blk.L.<name>:
+// expected ..., found ..." (who names the caller: a file, "emu::MoeLayer", ...).
+void validate_layer_weights(const LayerWeights& w, const std::string& who,
+                            WeightTypes types = WeightTypes::kKernel);
 
 }  // namespace moecheck

@@ -1,6 +1,7 @@
-// Project-owned transcendentals with identical bits on host and device: pexp (exp in f32) and
-// the SwiGLU scalar formula. Built only from emulate/fp_ops.h operations and integer bit
-// assembly, so libm's expf and CUDA's expf (different functions) never enter the numerics.
+// Project-owned scalar formulas with identical bits on host and device: pexp (exp in f32), the
+// MMVQ unit's float part and the SwiGLU scalar. Built only from core/fp_ops.h operations and
+// integer bit assembly, so libm's expf and CUDA's expf (different functions) never enter the
+// numerics.
 // Contract: docs/numerics.md "Conventions" (pexp) and "swiglu_q8" (swiglu).
 #pragma once
 
@@ -54,6 +55,16 @@ MOECHECK_HD float pexp(float x) {
   const int n2 = n - n1;
   return mul_rn(mul_rn(p, pow2i(n1)), pow2i(n2));
 }
+
+// The float part t of one MMVQ unit (docs/numerics.md "mmvq_q2k, mmvq_q3k"), from its exact
+// integer parts: A = sum over the unit's two sub-blocks of scale * (quant . activation quants),
+// B (Q2_K only) = sum of min * (activation half sum). The products' inputs are exact in f32
+// (|A|, |B| < 2^24); t rounds once (Q3_K) or in the fma's subtraction after the rounded dmin * B
+// (Q2_K). Shared verbatim by emulation and kernels.
+MOECHECK_HD float mmvq_unit_q2k(float d, float dmin, int A, int B) {
+  return fma_rn(d, static_cast<float>(A), -mul_rn(dmin, static_cast<float>(B)));
+}
+MOECHECK_HD float mmvq_unit_q3k(float d, int A) { return mul_rn(d, static_cast<float>(A)); }
 
 // The SwiGLU scalar of docs/numerics.md "swiglu_q8": clamp (when limit > 0; NaN passes through),
 // silu(g') = g' / (1 + exp(-g')), h = silu(g') * u'. Shared verbatim by emulation and kernel.

@@ -1,5 +1,5 @@
 // Host routing from f32 router logits: the seeds' route_from_logits (seed 001) and model.py
-// Gate.forward, in f32 with the host's libm (expf, log1pf, sqrtf). Contract: emulate/routing.h
+// Gate.forward, in f32 with the host's libm (expf, log1pf, sqrtf). Contract: core/routing.h
 // and docs/reference.md "Routing". Every implementation routes through this one function, so
 // the three never disagree on a pick for the same logits.
 #include "core/routing.h"

@@ -72,4 +72,11 @@ bool parse_stage(const std::string& name, Stage* out) {
   return false;
 }
 
+void fill_shared_taps(ExpertTaps& s, int64_t T) {
+  s.expert = -1;
+  s.tokens.resize(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) s.tokens[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+  s.weights.assign(static_cast<size_t>(T), 1.0f);
+}
+
 }  // namespace moecheck

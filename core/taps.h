@@ -83,7 +83,13 @@ struct LayerTaps {
   std::vector<uint16_t> output;         // bf16 [T, dim]
 };
 
-// Where one forward's time went (wall clock, host side), like the seeds' MoeV41Timing.
+// The shared expert's identity in the taps: expert -1, every token 0..T-1 in order, weight 1.
+// Its stages (gate, up, h, h_q8, down) are the caller's.
+void fill_shared_taps(ExpertTaps& s, int64_t T);
+
+// Where one forward's time went (wall clock, host side), like the seeds' MoeV41Timing. Today the
+// drivers fill route_ms, compute_ms and bytes_read; fetch_ms, hits and misses stay 0 until the
+// expert cache (ExpertLru, streaming) fills them.
 struct LayerTiming {
   double route_ms = 0;
   double fetch_ms = 0;

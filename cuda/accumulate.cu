@@ -53,7 +53,7 @@ void accumulate(const int32_t* rows, const float* weights, int64_t topk, const f
   const int64_t n = T * dim;
   accumulate_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, as_stream(stream)>>>(
       rows, weights, topk, down, shared, acc, y, T, dim);
-  MOECHECK_CUDA_LAUNCHED();
+  MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 
 void finish(const float* acc, uint16_t* y, int64_t n, void* stream) {
@@ -62,7 +62,7 @@ void finish(const float* acc, uint16_t* y, int64_t n, void* stream) {
   require_aligned(acc, 4, "finish", "acc");
   require_aligned(y, 2, "finish", "y");
   finish_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, as_stream(stream)>>>(acc, y, n);
-  MOECHECK_CUDA_LAUNCHED();
+  MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace moecheck::cuda

@@ -75,7 +75,7 @@ void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* strea
                   static_cast<unsigned>((a.T + kMaxGroupRows - 1) / kMaxGroupRows),
                   static_cast<unsigned>(n_mat));
   gemv_plain_kernel<<<grid, kGemvPlainWarps * kWarpSize, 0, as_stream(stream)>>>(a);
-  MOECHECK_CUDA_LAUNCHED();
+  MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace detail

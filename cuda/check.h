@@ -1,8 +1,9 @@
-// The one CUDA error path of moecheck::cuda (house style rule 7): MOECHECK_CUDA_CHECK(stmt)
-// reports the statement, file, line, device and CUDA error name, then aborts ([[noreturn]]).
-// A failed CUDA call is a broken device or a bug, never bad input: preconditions (shapes,
-// alignment, token counts, warps) are checked before launch and thrown as InputError or
-// std::invalid_argument by the wrappers in cuda/kernels.h. Include only from .cu files.
+// The one CUDA error path of moecheck (house style rule 7), used by cuda/, the GPU tests and the
+// benchmarks: MOECHECK_CUDA_CHECK(stmt) reports the statement, file, line, device and CUDA error
+// name, then aborts ([[noreturn]]). After every kernel launch: MOECHECK_CUDA_CHECK(
+// cudaGetLastError()). A failed CUDA call is a broken device or a bug, never bad input:
+// preconditions (shapes, alignment, token counts, warps) are checked before launch and thrown as
+// InputError by the wrappers in cuda/kernels.h.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,6 +20,3 @@ namespace moecheck::cuda {
     if (moecheck_err_ != cudaSuccess)                                          \
       ::moecheck::cuda::cuda_fail(moecheck_err_, #stmt, __FILE__, __LINE__);   \
   } while (0)
-
-// After every kernel launch: the launch itself (bad configuration) fails here.
-#define MOECHECK_CUDA_LAUNCHED() MOECHECK_CUDA_CHECK(cudaGetLastError())

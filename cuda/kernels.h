@@ -9,14 +9,16 @@
 #include <cstdint>
 
 #include "core/blocks.h"
+#include "core/layer_plan.h"
 #include "core/schedule.h"
 #include "core/schedule.h"
 
 namespace moecheck::cuda {
 
 // ---- router_gemv, bf16_gemv (cuda/router_gemv.cu, cuda/bf16_gemv.cu) ----
-// w bf16 [rows, K], x bf16 [T, K], y f32 [T, rows]. K a multiple of 256; w and x 16-byte
-// aligned. Any T (launched in groups of kMaxGroupRows tokens; no bit depends on the grouping).
+// w bf16 [rows, K], x bf16 [T, K], y f32 [T, rows]. K a positive multiple of 8 (kGemvChunk); w and
+// x 16-byte aligned. Any T (launched in groups of kMaxGroupRows tokens; no bit depends on the
+// grouping).
 void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y, int64_t rows,
                  int64_t K, int64_t T, void* stream);
 void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K,
@@ -32,14 +34,8 @@ void quantize_q8_1(const float* x, BlockQ8_1* y, int64_t R, int64_t K, void* str
 void quantize_q8_1_bf16(const uint16_t* x, BlockQ8_1* y, int64_t R, int64_t K, void* stream);
 
 // ---- mmvq (cuda/mmvq.cu): Q2_K / Q3_K rows x q8_1 rows, f32 out ----
-// One launch group: the weight matrix table[slot] ([rows, K], rows of K / 256 blocks) against
-// n <= kMaxGroupRows activation rows a[a_row[i]], written to y[y_row[i] * rows + r].
-struct MmvqGroup {
-  int32_t slot = 0;
-  int32_t n = 0;
-  int32_t a_row[kMaxGroupRows] = {};
-  int32_t y_row[kMaxGroupRows] = {};
-};
+// Launch groups are core/layer_plan.h's MmvqGroup: the matrix table[slot] ([rows, K], rows of
+// K / 256 blocks) against n <= kMaxGroupRows activation rows a[a_row[i]], to y[y_row[i] * rows + r].
 
 // Plain form (emu::mmvq): w [rows, K], a [T, K / 32], y [T, rows]; any T.
 void mmvq(GgmlType t, const uint8_t* w, const BlockQ8_1* a, float* y, int64_t rows, int64_t K,
@@ -48,8 +44,8 @@ void mmvq(GgmlType t, const uint8_t* w, const BlockQ8_1* a, float* y, int64_t ro
 // of n base pointers (slot pointers, 2-byte aligned); a is [n or 1, K / 32]; y [n, rows].
 void mmvq_experts(GgmlType t, const uint8_t* const* expert_w, int64_t n, const BlockQ8_1* a,
                   bool a_per_expert, float* y, int64_t rows, int64_t K, int warps, void* stream);
-// General form used by the layer: n_groups DEVICE groups against the DEVICE slot table; max_n
-// (1..8) bounds every group's n and sizes the shared memory (a larger group traps).
+// The layer's form (emu::mmvq_groups): n_groups DEVICE groups against the DEVICE slot table;
+// max_n (1..8) bounds every group's n and sizes the shared memory (a larger group traps).
 void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups,
                  int64_t n_groups, int max_n, const BlockQ8_1* a, float* y, int64_t rows,
                  int64_t K, int warps, void* stream);

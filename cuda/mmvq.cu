@@ -244,6 +244,37 @@ __device__ __forceinline__ void row_pair(const MmvqParams& p, const uint8_t* sme
   }
 }
 
+// One staged tile of tr rows (its bytes in buf, copied from src) against the group's n staged
+// tokens: warp w computes rows kR w (and kR w + 1) of the tile, first_row the tile's first row.
+template <GgmlType kType, int kR>
+__device__ __forceinline__ void compute_tile(const MmvqParams& p, const uint8_t* smem, const uint8_t* buf,
+                                             const ActLayout& L, const uint8_t* src, int tr, int n, int64_t group,
+                                             int64_t first_row) {
+  const int first = kR * (threadIdx.x / kWarpSize);  // the warp's first row in the tile
+  if (first >= tr) return;
+  const int align_off = static_cast<int>(reinterpret_cast<uintptr_t>(src) & 15);
+  const int row_off = align_off + first * p.row_bytes;
+  const int64_t row = first_row + first;
+  // Q2_K blocks are 84 bytes: all 4-byte aligned when the tile's first row is (uniform).
+  // One token (the one-token form) gets its own code: no guards for seven absent tokens.
+  const bool aligned = kType == GgmlType::kQ2K && ((align_off | p.row_bytes) & 3) == 0;
+  if constexpr (kR == 2) {  // launched only with one token per group (n is 0 or 1)
+    if (n == 1 && first + 1 < tr) {
+      if (aligned) row_pair<kType, true>(p, smem, buf, L, row_off, group, row);
+      else row_pair<kType, false>(p, smem, buf, L, row_off, group, row);
+    } else if (n == 1) {
+      if (aligned) row_dot<kType, true, 1>(p, smem, buf, L, row_off, 1, group, row);
+      else row_dot<kType, false, 1>(p, smem, buf, L, row_off, 1, group, row);
+    }
+  } else if (n == 1) {
+    if (aligned) row_dot<kType, true, 1>(p, smem, buf, L, row_off, 1, group, row);
+    else row_dot<kType, false, 1>(p, smem, buf, L, row_off, 1, group, row);
+  } else {
+    if (aligned) row_dot<kType, true, kMaxGroupRows>(p, smem, buf, L, row_off, n, group, row);
+    else row_dot<kType, false, kMaxGroupRows>(p, smem, buf, L, row_off, n, group, row);
+  }
+}
+
 // Tile buffers of the kernel with kR rows per warp.
 __host__ __device__ constexpr int mmvq_buffers(int r) { return r == 1 ? 3 : 2; }
 
@@ -339,33 +370,8 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, kR == 1 ? 32 / kWarps : 24
       staged = key;
       __syncthreads();
     }
-    const int warp = threadIdx.x / kWarpSize;
-    const int tr = tile_rows(c0);
-    const int first = kR * warp;  // the warp's first row in the tile
-    if (first < tr) {
-      const int align_off = static_cast<int>(reinterpret_cast<uintptr_t>(tile_start(c0, g0)) & 15);
-      const int row_off = align_off + first * p.row_bytes;
-      const uint8_t* buf = smem + k * buf_bytes;
-      const int64_t row = static_cast<int64_t>(c0.rblk) * kTileRows + first;
-      // Q2_K blocks are 84 bytes: all 4-byte aligned when the tile's first row is (uniform).
-      // One token (the one-token form) gets its own code: no guards for seven absent tokens.
-      const bool aligned = kType == GgmlType::kQ2K && ((align_off | p.row_bytes) & 3) == 0;
-      if constexpr (kR == 2) {  // launched only with one token per group (n is 0 or 1)
-        if (g0.n == 1 && first + 1 < tr) {
-          if (aligned) row_pair<kType, true>(p, smem, buf, L, row_off, c0.group, row);
-          else row_pair<kType, false>(p, smem, buf, L, row_off, c0.group, row);
-        } else if (g0.n == 1) {
-          if (aligned) row_dot<kType, true, 1>(p, smem, buf, L, row_off, 1, c0.group, row);
-          else row_dot<kType, false, 1>(p, smem, buf, L, row_off, 1, c0.group, row);
-        }
-      } else if (g0.n == 1) {
-        if (aligned) row_dot<kType, true, 1>(p, smem, buf, L, row_off, 1, c0.group, row);
-        else row_dot<kType, false, 1>(p, smem, buf, L, row_off, 1, c0.group, row);
-      } else {
-        if (aligned) row_dot<kType, true, kMaxGroupRows>(p, smem, buf, L, row_off, g0.n, c0.group, row);
-        else row_dot<kType, false, kMaxGroupRows>(p, smem, buf, L, row_off, g0.n, c0.group, row);
-      }
-    }
+    compute_tile<kType, kR>(p, smem, smem + k * buf_bytes, L, tile_start(c0, g0), tile_rows(c0), g0.n, c0.group,
+                            static_cast<int64_t>(c0.rblk) * kTileRows);
     __syncthreads();  // buffer k and the staged activation are free again
     c0 = c1;
     c1 = c2;
@@ -400,7 +406,7 @@ void launch_one(const MmvqParams& p, void* stream) {
   const int64_t tiles = (p.rows + kWarps * kR - 1) / (kWarps * kR) * p.n_groups;
   const int64_t grid = tiles < resident ? tiles : resident;
   mmvq_kernel<kType, kWarps, kR><<<static_cast<unsigned>(grid), kWarps * kWarpSize, smem, as_stream(stream)>>>(p);
-  MOECHECK_CUDA_LAUNCHED();
+  MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 
 template <GgmlType kType, int kR>

@@ -3,7 +3,8 @@
 // products) and the float part t, from the tile bytes staged in shared memory. Used by
 // cuda/mmvq.cu's row_dot (any token count) and row_pair (one token, two rows per warp).
 // Contract: docs/numerics.md "mmvq_q2k, mmvq_q3k": integer parts are exact, so they may be
-// computed in any way; t is the contract's float expression, bit for bit.
+// computed in any way; t is the contract's float expression, bit for bit (mmvq_unit_q2k /
+// mmvq_unit_q3k of core/portable_math.h, shared with the emulation).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -12,6 +13,7 @@
 
 #include "cuda/device_util.cuh"
 #include "core/blocks.h"
+#include "core/portable_math.h"
 
 namespace moecheck::cuda::mmvq_units {
 
@@ -104,12 +106,8 @@ __device__ __forceinline__ float unit_t(const WeightUnit& u, int b, const uint4&
     p1 += 4 * ((h1 >> b) - hs.y);
   }
   const int A = u.sc0 * p0 + u.sc1 * p1;
-  if constexpr (kType == GgmlType::kQ2K) {
-    const int B = u.mn0 * hs.x + u.mn1 * hs.y;
-    return fma_rn(u.d, static_cast<float>(A), -mul_rn(u.dmin, static_cast<float>(B)));
-  } else {
-    return mul_rn(u.d, static_cast<float>(A));
-  }
+  if constexpr (kType == GgmlType::kQ2K) return mmvq_unit_q2k(u.d, u.dmin, A, u.mn0 * hs.x + u.mn1 * hs.y);
+  else return mmvq_unit_q3k(u.d, A);
 }
 
 // Per-lane constants of unit position b = g % 8: they do not change as g steps by 32.
@@ -188,7 +186,7 @@ __device__ __forceinline__ float pos_t(const uint8_t* buf, int blk, int wb, int 
       d = f16_arith(lds_u16(buf, blk + 80));
       dmin = f16_arith(lds_u16(buf, blk + 82));
     }
-    return fma_rn(d, static_cast<float>(A), -mul_rn(dmin, static_cast<float>(B)));
+    return mmvq_unit_q2k(d, dmin, A, B);
   } else {
     uint32_t hm[8];
     lds_words_fs<8>(buf, wb, fs, hm);
@@ -206,7 +204,7 @@ __device__ __forceinline__ float pos_t(const uint8_t* buf, int blk, int wb, int 
     const uint32_t hi = static_cast<uint32_t>(lds_u16(buf, blk + u.hi_off)) >> u.hi_sh;
     const int s = static_cast<int>((lo & 0x0F0Fu) | ((hi << 4) & 0x3030u));
     const int A = __dp2a_lo(static_cast<int>(__byte_perm(p0, p1, 0x5410)), s, 0) - 32 * (p0 + p1);
-    return mul_rn(f16_arith(lds_u16(buf, blk + 108)), static_cast<float>(A));
+    return mmvq_unit_q3k(f16_arith(lds_u16(buf, blk + 108)), A);
   }
 }
 

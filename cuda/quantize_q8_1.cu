@@ -41,7 +41,7 @@ void launch(const In* x, BlockQ8_1* y, int64_t R, int64_t K, void* stream, const
   if (grid > 0x7FFFFFFF) throw InputError(std::string("cuda::") + op + ": too many blocks");
   quantize_q8_1_kernel<In><<<static_cast<unsigned>(grid), kQuantWarps * kWarpSize, 0, as_stream(stream)>>>(
       x, y, n_blocks);
-  MOECHECK_CUDA_LAUNCHED();
+  MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace

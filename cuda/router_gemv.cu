@@ -89,7 +89,7 @@ void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y
   require_aligned(y, 4, "router_gemv", "y");
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((T + kMaxGroupRows - 1) / kMaxGroupRows));
   router_staged_kernel<<<grid, kRouterStagedThreads, 0, as_stream(stream)>>>(w, x, y, rows, K, T);
-  MOECHECK_CUDA_LAUNCHED();
+  MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace moecheck::cuda

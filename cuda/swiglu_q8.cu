@@ -1,4 +1,4 @@
-// swiglu_q8: h = swiglu(g, u, limit) (the shared scalar of emulate/portable_math.h, with the
+// swiglu_q8: h = swiglu(g, u, limit) (the shared scalar of core/portable_math.h, with the
 // project-owned pexp) and, fused, the q8_1 blocks of h (one warp per 32-value block,
 // cuda/q8_1_block.cuh). swiglu_bf16 is the bf16 shared expert's form: h rounded to bf16 for
 // the bf16 down projection. Contract: docs/numerics.md "swiglu_q8"; twin: emu::swiglu_q8.
@@ -56,7 +56,7 @@ void swiglu_q8(const float* g, const float* u, float* h, BlockQ8_1* hq, int64_t 
   const int64_t grid = (n_blocks + kSwigluWarps - 1) / kSwigluWarps;
   swiglu_q8_kernel<<<static_cast<unsigned>(grid), kSwigluWarps * kWarpSize, 0, as_stream(stream)>>>(
       g, u, h, hq, n_blocks, limit);
-  MOECHECK_CUDA_LAUNCHED();
+  MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 
 void swiglu_bf16(const float* g, const float* u, float* h, uint16_t* hb, int64_t R, int64_t inter,
@@ -71,7 +71,7 @@ void swiglu_bf16(const float* g, const float* u, float* h, uint16_t* hb, int64_t
   constexpr int kThreads = 256;
   swiglu_bf16_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, as_stream(stream)>>>(
       g, u, h, hb, n, limit);
-  MOECHECK_CUDA_LAUNCHED();
+  MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace moecheck::cuda

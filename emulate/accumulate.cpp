@@ -1,12 +1,9 @@
-// Emulation twins of accumulate (weighted expert outputs in ascending expert id, then the
-// shared expert) and finish (f32 to bf16, round to nearest even).
+// Emulation twins of accumulate (weighted expert outputs in the plan's ascending expert id, then
+// the shared expert) and finish (f32 to bf16, round to nearest even).
 // Contract: docs/numerics.md "accumulate, finish".
 #include "emulate/accumulate.h"
 
-#include <algorithm>
-#include <numeric>
 #include <string>
-#include <vector>
 
 #include "core/error.h"
 #include "core/fp_ops.h"
@@ -14,29 +11,22 @@
 
 namespace moecheck::emu {
 
-void accumulate(const int32_t* ids, const float* weights, const float* down, const float* shared,
-                float* acc, int64_t T, int64_t topk, int64_t dim) {
-  std::vector<int64_t> order(static_cast<size_t>(topk));
+void accumulate(const int32_t* rows, const float* weights, int64_t topk, const float* down, const float* shared,
+                float* acc, uint16_t* y, int64_t T, int64_t dim) {
+  if (T < 0 || dim <= 0 || topk < 0)
+    throw InputError("emu::accumulate: need T >= 0, dim > 0, topk >= 0, found T=" + std::to_string(T) +
+                     " dim=" + std::to_string(dim) + " topk=" + std::to_string(topk));
   for (int64_t t = 0; t < T; ++t) {
-    const int32_t* id = ids + t * topk;
-    std::iota(order.begin(), order.end(), int64_t{0});
-    // The kernel walks a token's picks in ascending expert id, whatever order routing gave.
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return id[a] < id[b]; });
-    for (int64_t k = 1; k < topk; ++k) {
-      if (id[order[k]] == id[order[k - 1]]) {
-        throw InputError("emu::accumulate: token " + std::to_string(t) + " picks expert " +
-                         std::to_string(id[order[k]]) + " twice");
-      }
-    }
     float* a = acc + t * dim;
     for (int64_t i = 0; i < dim; ++i) a[i] = 0.0f;
-    for (int64_t k : order) {
+    for (int64_t k = 0; k < topk; ++k) {
       const float wk = weights[t * topk + k];
-      const float* dk = down + (t * topk + k) * dim;
+      const float* dk = down + static_cast<int64_t>(rows[t * topk + k]) * dim;
       for (int64_t i = 0; i < dim; ++i) a[i] = fma_rn(wk, dk[i], a[i]);
     }
-    const float* s = shared + t * dim;
-    for (int64_t i = 0; i < dim; ++i) a[i] = add_rn(a[i], s[i]);
+    if (shared != nullptr)
+      for (int64_t i = 0; i < dim; ++i) a[i] = add_rn(a[i], shared[t * dim + i]);
+    if (y != nullptr) finish(a, y + t * dim, dim);
   }
 }
 

@@ -6,12 +6,13 @@
 
 namespace moecheck::emu {
 
-// ids, weights [T, topk] (a token's picks in any order, distinct ids); down f32 [T, topk, dim],
-// down[(t * topk + k) * dim + i] the down projection of pick k of token t (unweighted); shared
-// f32 [T, dim]. acc f32 [T, dim]: per token, acc = +0, fma_rn(weight, down, acc) over the picks
-// in ascending expert id, then add_rn(acc, shared).
-void accumulate(const int32_t* ids, const float* weights, const float* down, const float* shared,
-                float* acc, int64_t T, int64_t topk, int64_t dim);
+// For token t: acc = +0; for k = 0..topk-1: acc = fma_rn(weights[t, k], down[rows[t, k], :], acc);
+// then acc = add_rn(acc, shared[t, :]). rows / weights [T, topk] list each token's picks in
+// ascending expert id (core/layer_plan.h acc_rows / acc_weights: the order is the contract);
+// down [*, dim] unweighted down projections by pair row; shared [T, dim] (nullable: no shared
+// term); acc f32 [T, dim]; y bf16 [T, dim] (nullable) = f32_to_bf16(acc).
+void accumulate(const int32_t* rows, const float* weights, int64_t topk, const float* down, const float* shared,
+                float* acc, uint16_t* y, int64_t T, int64_t dim);
 
 // y bf16 = f32_to_bf16(acc) for n values.
 void finish(const float* acc, uint16_t* y, int64_t n);

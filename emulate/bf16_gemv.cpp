@@ -12,4 +12,10 @@ void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int
   router_gemv(RouterVariant::kPlain, w, x, y, rows, K, T);
 }
 
+void bf16_gemv_pair(const uint16_t* w0, const uint16_t* w1, const uint16_t* x, float* y0, float* y1,
+                    int64_t rows, int64_t K, int64_t T) {
+  bf16_gemv(w0, x, y0, rows, K, T);
+  bf16_gemv(w1, x, y1, rows, K, T);
+}
+
 }  // namespace moecheck::emu

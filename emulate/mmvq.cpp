@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/fp_ops.h"
 #include "core/numfmt.h"
+#include "core/portable_math.h"
 #include "core/schedule.h"
 
 namespace moecheck::emu {
@@ -98,10 +99,9 @@ float row_token(GgmlType t, const WeightRow& w, const ActRow& a, int64_t units, 
     const int32_t A = w.scale[j0] * p0 + w.scale[j1] * p1;
     if (t == GgmlType::kQ2K) {
       const int32_t B = w.min[j0] * a.half_sum[2 * g] + w.min[j1] * a.half_sum[2 * g + 1];
-      term[g] = fma_rn(w.d[sb], static_cast<float>(A),
-                       -mul_rn(w.dmin[sb], static_cast<float>(B)));
+      term[g] = mmvq_unit_q2k(w.d[sb], w.dmin[sb], A, B);
     } else {
-      term[g] = mul_rn(w.d[sb], static_cast<float>(A));
+      term[g] = mmvq_unit_q3k(w.d[sb], A);
     }
   }
   float lane[kWarpSize];
@@ -123,29 +123,60 @@ void check_args(GgmlType t, int64_t rows, int64_t K, int64_t T, const char* what
   }
 }
 
-}  // namespace
-
-void mmvq(GgmlType t, const uint8_t* w, const BlockQ8_1* a, float* y, int64_t rows, int64_t K,
-          int64_t T) {
-  check_args(t, rows, K, T, "mmvq");
-  const int64_t units = K / kQK8_1, nsb = K / kQK_K, rb = row_bytes(t, K);
-  std::vector<ActRow> acts(static_cast<size_t>(T));
-  for (int64_t k = 0; k < T; ++k) unpack_act(a + k * units, units, acts[k]);
+WeightRow make_weight_row(int64_t K) {
+  const int64_t nsb = K / kQK_K;
   WeightRow wr;
   wr.q.resize(static_cast<size_t>(K));
   wr.scale.resize(static_cast<size_t>(nsb * 16));
   wr.min.resize(static_cast<size_t>(nsb * 16));
   wr.d.resize(static_cast<size_t>(nsb));
   wr.dmin.resize(static_cast<size_t>(nsb));
+  return wr;
+}
+
+void decode_row(GgmlType t, const uint8_t* row, int64_t K, WeightRow& wr) {
+  if (t == GgmlType::kQ2K) decode_q2k(reinterpret_cast<const BlockQ2K*>(row), K / kQK_K, wr);
+  else decode_q3k(reinterpret_cast<const BlockQ3K*>(row), K / kQK_K, wr);
+}
+
+}  // namespace
+
+void mmvq(GgmlType t, const uint8_t* w, const BlockQ8_1* a, float* y, int64_t rows, int64_t K,
+          int64_t T) {
+  check_args(t, rows, K, T, "mmvq");
+  const int64_t units = K / kQK8_1, rb = row_bytes(t, K);
+  std::vector<ActRow> acts(static_cast<size_t>(T));
+  for (int64_t k = 0; k < T; ++k) unpack_act(a + k * units, units, acts[k]);
+  WeightRow wr = make_weight_row(K);
   std::vector<float> term(static_cast<size_t>(units));
   for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* row = w + r * rb;
-    if (t == GgmlType::kQ2K) {
-      decode_q2k(reinterpret_cast<const BlockQ2K*>(row), nsb, wr);
-    } else {
-      decode_q3k(reinterpret_cast<const BlockQ3K*>(row), nsb, wr);
-    }
+    decode_row(t, w + r * rb, K, wr);
     for (int64_t k = 0; k < T; ++k) y[k * rows + r] = row_token(t, wr, acts[k], units, term.data());
+  }
+}
+
+void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups, int64_t n_groups,
+                 const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int64_t r0, int64_t r1) {
+  check_args(t, rows, K, n_groups, "mmvq_groups");
+  if (r1 < 0) r1 = rows;
+  if (r0 < 0 || r0 > r1 || r1 > rows)
+    throw InputError("emu::mmvq_groups: row range [" + std::to_string(r0) + ", " + std::to_string(r1) +
+                     ") is not inside [0, " + std::to_string(rows) + ")");
+  const int64_t units = K / kQK8_1, rb = row_bytes(t, K);
+  std::vector<ActRow> acts(kMaxGroupRows);
+  WeightRow wr = make_weight_row(K);
+  std::vector<float> term(static_cast<size_t>(units));
+  for (int64_t g = 0; g < n_groups; ++g) {
+    const MmvqGroup& gr = groups[g];
+    if (gr.n < 0 || gr.n > kMaxGroupRows)
+      throw InputError("emu::mmvq_groups: group " + std::to_string(g) + " has " + std::to_string(gr.n) +
+                       " rows, outside [0, 8]");
+    for (int i = 0; i < gr.n; ++i) unpack_act(a + static_cast<int64_t>(gr.a_row[i]) * units, units, acts[i]);
+    for (int64_t r = r0; r < r1; ++r) {
+      decode_row(t, slots[gr.slot] + r * rb, K, wr);
+      for (int i = 0; i < gr.n; ++i)
+        y[static_cast<int64_t>(gr.y_row[i]) * rows + r] = row_token(t, wr, acts[i], units, term.data());
+    }
   }
 }
 

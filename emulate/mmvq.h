@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/blocks.h"
+#include "core/layer_plan.h"
 
 namespace moecheck::emu {
 
@@ -20,5 +21,11 @@ void mmvq(GgmlType t, const uint8_t* w, const BlockQ8_1* a, float* y, int64_t ro
 // projection: each expert has its own h) else [1, K / 32] shared by all. y: [n, rows].
 void mmvq_experts(GgmlType t, const uint8_t* const* expert_w, int64_t n, const BlockQ8_1* a,
                   bool a_per_expert, float* y, int64_t rows, int64_t K);
+
+// The layer's form (cuda::mmvq_groups): n_groups groups against the slot table `slots` (host
+// pointers; core/layer_plan.h). Rows [r0, r1) of every group's matrix (r1 < 0: all rows), so a
+// caller's threads can split the rows; no (row, token) result depends on the split.
+void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups, int64_t n_groups,
+                 const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int64_t r0 = 0, int64_t r1 = -1);
 
 }  // namespace moecheck::emu

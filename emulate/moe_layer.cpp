@@ -1,8 +1,9 @@
 // The emulation's layer driver: replays the CUDA token path stage by stage with the emulation
-// twins (router_gemv, route_from_logits, quantize_q8_1, mmvq, swiglu_q8, bf16_gemv, accumulate,
-// finish). Contract: docs/numerics.md. Host threads split the output rows of a projection;
-// every (row, token) result is computed by one call on its own, so neither the thread count
-// nor the grouping of tokens per expert changes a bit.
+// twins (router_gemv, route_from_logits, the plan of core/layer_plan.h, quantize_q8_1_bf16,
+// mmvq_groups, swiglu_q8, bf16_gemv_pair / swiglu_bf16 / bf16_gemv or mmvq for the shared
+// expert, accumulate). Contract: docs/numerics.md. Host threads split the output rows of a
+// projection; every (row, token) result is computed by one call on its own, so neither the
+// thread count nor the grouping of tokens per expert changes a bit.
 #include "emulate/moe_layer.h"
 
 #include <algorithm>
@@ -11,240 +12,209 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
+#include "core/layer_plan.h"
+#include "core/numfmt.h"
+#include "core/routing.h"
 #include "emulate/accumulate.h"
 #include "emulate/bf16_gemv.h"
-#include "core/error.h"
 #include "emulate/mmvq.h"
-#include "core/numfmt.h"
-#include "core/portable_math.h"
 #include "emulate/quantize_q8_1.h"
-#include "core/routing.h"
 #include "emulate/swiglu_q8.h"
 
 namespace moecheck::emu {
 
-struct MoeLayer::Impl {
+namespace {
+
+// Host threads over the output rows of one projection.
+struct RowSplitter {
   int threads = 1;
 
-  // fn(r0, r1, buf) computes rows [r0, r1) of a [T, rows] output as [T, r1 - r0] into buf;
-  // the pieces are scattered into y. Rows are cut into one contiguous range per thread.
+  // fn(r0, r1) for one contiguous row range per thread (at least 64 rows a range).
   template <class F>
-  void split_rows(int64_t rows, int64_t T, float* y, F fn) const {
+  void for_row_ranges(int64_t rows, F fn) const {
     const int64_t n = std::min<int64_t>(threads, std::max<int64_t>(rows / 64, 1));
-    auto piece = [&](int64_t i) {
-      const int64_t r0 = rows * i / n, r1 = rows * (i + 1) / n;
-      std::vector<float> buf(static_cast<size_t>(T * (r1 - r0)));
-      fn(r0, r1, buf.data());
-      for (int64_t k = 0; k < T; ++k) {
-        std::copy(buf.begin() + k * (r1 - r0), buf.begin() + (k + 1) * (r1 - r0),
-                  y + k * rows + r0);
-      }
-    };
     std::vector<std::thread> pool;
-    for (int64_t i = 1; i < n; ++i) pool.emplace_back(piece, i);
-    piece(0);
+    for (int64_t i = 1; i < n; ++i) pool.emplace_back([&, i] { fn(rows * i / n, rows * (i + 1) / n); });
+    fn(int64_t{0}, rows / n);
     for (auto& th : pool) th.join();
   }
 
-  // K-quant projection: w [rows, K] rows of blocks, a [T, K / 32] -> y [T, rows].
-  void quant(GgmlType t, const uint8_t* w, int64_t rows, int64_t K, const BlockQ8_1* a,
-             int64_t T, float* y) const {
-    const int64_t rb = row_bytes(t, K);
-    split_rows(rows, T, y, [&](int64_t r0, int64_t r1, float* buf) {
-      mmvq(t, w + r0 * rb, a, buf, r1 - r0, K, T);
-    });
-  }
-
-  // bf16 GEMV in a given schedule: w [rows, K], x [T, K] -> y [T, rows].
-  void dense(RouterVariant v, const uint16_t* w, int64_t rows, int64_t K, const uint16_t* x,
-             int64_t T, float* y) const {
-    split_rows(rows, T, y, [&](int64_t r0, int64_t r1, float* buf) {
-      router_gemv(v, w + r0 * K, x, buf, r1 - r0, K, T);
+  // fn(r0, r1, buf) computes rows [r0, r1) of a [T, rows] output as [T, r1 - r0] into buf; the
+  // pieces are scattered into y.
+  template <class F>
+  void split_rows(int64_t rows, int64_t T, float* y, F fn) const {
+    for_row_ranges(rows, [&](int64_t r0, int64_t r1) {
+      std::vector<float> buf(static_cast<size_t>(T * (r1 - r0)));
+      fn(r0, r1, buf.data());
+      for (int64_t k = 0; k < T; ++k)
+        std::copy(buf.begin() + k * (r1 - r0), buf.begin() + (k + 1) * (r1 - r0), y + k * rows + r0);
     });
   }
 };
 
-namespace {
+// The routed experts' pair-row buffers (core/layer_plan.h): gu [2P, inter], h [P, inter],
+// hq [P, inter / 32], down [P, dim].
+struct RoutedOut {
+  std::vector<float> gu, h, down;
+  std::vector<BlockQ8_1> hq;
+};
 
-std::string where(const LayerWeights& w, const std::string& tensor) {
-  return "emu::MoeLayer: layer " + std::to_string(w.layer) + ", " + tensor;
-}
-
-void check_shape(const LayerWeights& w, const std::string& tensor, bool quant_ok, GgmlType type,
-                 const uint8_t* data, int64_t rows, int64_t cols, int64_t want_rows,
-                 int64_t want_cols) {
-  const bool type_ok = quant_ok ? (type == GgmlType::kQ2K || type == GgmlType::kQ3K)
-                                : type == GgmlType::kBF16;
-  if (!type_ok || data == nullptr || rows != want_rows || cols != want_cols) {
-    throw InputError(where(w, tensor) + ": expected " + (quant_ok ? "Q2_K/Q3_K" : "BF16") + " [" +
-                     std::to_string(want_rows) + ", " + std::to_string(want_cols) +
-                     "], found type " + std::to_string(static_cast<uint32_t>(type)) + " [" +
-                     std::to_string(rows) + ", " + std::to_string(cols) + "]" +
-                     (data == nullptr ? " with no data" : ""));
-  }
-}
+// The shared expert on all tokens: gate, up, h [T, inter], hq (K-quant only), down [T, dim].
+struct SharedOut {
+  std::vector<float> gate, up, h, down;
+  std::vector<BlockQ8_1> hq;
+};
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+const uint16_t* bf16_data(const MatView& m) { return reinterpret_cast<const uint16_t*>(m.data); }
+
 }  // namespace
 
+struct MoeLayer::Impl {
+  RowSplitter rows;
+};
+
 MoeLayer::MoeLayer(const LayerWeights& w, LayerOptions o) : w_(w), o_(o), impl_(new Impl) {
-  const MoeConfig& c = w.config;
-  c.validate(where(w, "config"));
+  validate_layer_weights(w, "emu::MoeLayer");
   if (!expert_warps_allowed(o.expert_warps)) {
-    throw InputError(where(w, "options") + ": expert_warps must be 2, 4 or 8, found " +
-                     std::to_string(o.expert_warps));
+    throw InputError("emu::MoeLayer: layer " + std::to_string(w.layer) +
+                     ", options: expert_warps must be 2, 4 or 8, found " + std::to_string(o.expert_warps));
   }
-  if (w.router == nullptr) throw InputError(where(w, "ffn_gate_inp.weight") + ": missing");
-  if (w.bias == nullptr) throw InputError(where(w, "exp_probs_b.bias") + ": missing");
-  for (const auto* s : {&w.gate_exps, &w.up_exps, &w.down_exps}) {
-    const bool down = s == &w.down_exps;
-    const std::string name = down ? "ffn_down_exps" : (s == &w.gate_exps ? "ffn_gate_exps"
-                                                                          : "ffn_up_exps");
-    check_shape(w, name, true, s->type, s->data, s->rows, s->cols, down ? c.dim : c.inter,
-                down ? c.inter : c.dim);
-    if (s->n_experts < c.n_routed) {
-      throw InputError(where(w, name) + ": expected " + std::to_string(c.n_routed) +
-                       " experts, found " + std::to_string(s->n_experts));
-    }
-  }
-  const bool dense = w.shared_gate.type == GgmlType::kBF16;
-  check_shape(w, "ffn_gate_shexp", !dense, w.shared_gate.type, w.shared_gate.data,
-              w.shared_gate.rows, w.shared_gate.cols, c.inter, c.dim);
-  check_shape(w, "ffn_up_shexp", !dense, w.shared_up.type, w.shared_up.data, w.shared_up.rows,
-              w.shared_up.cols, c.inter, c.dim);
-  check_shape(w, "ffn_down_shexp", !dense, w.shared_down.type, w.shared_down.data,
-              w.shared_down.rows, w.shared_down.cols, c.dim, c.inter);
   const unsigned hw = std::thread::hardware_concurrency();
-  impl_->threads = o.threads > 0 ? o.threads : static_cast<int>(std::clamp(hw, 1u, 8u));
+  impl_->rows.threads = o.threads > 0 ? o.threads : static_cast<int>(std::clamp(hw, 1u, 8u));
 }
 
 MoeLayer::~MoeLayer() = default;
 
+namespace {
+
+// Gate and up of every group, the SwiGLU + q8_1 of every pair row, down of every group.
+RoutedOut run_routed(const RowSplitter& m, const LayerWeights& w, const LayerPlan& p,
+                     const std::vector<BlockQ8_1>& xq) {
+  const MoeConfig& c = w.config;
+  const int64_t P = p.pairs(), n = p.n_proj_groups;
+  const std::vector<const uint8_t*> slots =
+      plan_slots(p, w.gate_exps.data, w.gate_exps.expert_stride(), w.up_exps.data, w.up_exps.expert_stride(),
+                 w.down_exps.data, w.down_exps.expert_stride());
+  RoutedOut r;
+  r.gu.resize(static_cast<size_t>(2 * P * c.inter));
+  r.h.resize(static_cast<size_t>(P * c.inter));
+  r.hq.resize(static_cast<size_t>(P * c.inter / kQK8_1));
+  r.down.resize(static_cast<size_t>(P * c.dim));
+  m.for_row_ranges(c.inter, [&](int64_t r0, int64_t r1) {
+    mmvq_groups(w.gate_exps.type, slots.data(), p.gate_groups(), n, xq.data(), r.gu.data(), c.inter, c.dim, r0, r1);
+    mmvq_groups(w.up_exps.type, slots.data(), p.up_groups(), n, xq.data(), r.gu.data(), c.inter, c.dim, r0, r1);
+  });
+  swiglu_q8(r.gu.data(), r.gu.data() + P * c.inter, r.h.data(), r.hq.data(), P, c.inter, c.swiglu_limit);
+  m.for_row_ranges(c.dim, [&](int64_t r0, int64_t r1) {
+    mmvq_groups(w.down_exps.type, slots.data(), p.down_groups(), n, r.hq.data(), r.down.data(), c.dim, c.inter, r0,
+                r1);
+  });
+  return r;
+}
+
+// The shared expert: bf16 (bf16_gemv_pair, swiglu_bf16, bf16_gemv) or K-quant (mmvq on x_q8,
+// swiglu_q8, mmvq on h_q8), as cuda::MoeLayer runs it.
+SharedOut run_shared(const RowSplitter& m, const LayerWeights& w, const uint16_t* x,
+                     const std::vector<BlockQ8_1>& xq, int64_t T) {
+  const MoeConfig& c = w.config;
+  const int64_t inter = c.inter, dim = c.dim;
+  SharedOut s;
+  s.gate.resize(static_cast<size_t>(T * inter));
+  s.up.resize(s.gate.size());
+  s.h.resize(s.gate.size());
+  s.down.resize(static_cast<size_t>(T * dim));
+  if (w.shared_gate.type == GgmlType::kBF16) {
+    const uint16_t *wg = bf16_data(w.shared_gate), *wu = bf16_data(w.shared_up), *wd = bf16_data(w.shared_down);
+    m.for_row_ranges(inter, [&](int64_t r0, int64_t r1) {
+      std::vector<float> g(static_cast<size_t>(T * (r1 - r0))), u(g.size());
+      bf16_gemv_pair(wg + r0 * dim, wu + r0 * dim, x, g.data(), u.data(), r1 - r0, dim, T);
+      for (int64_t k = 0; k < T; ++k) {
+        std::copy_n(g.begin() + k * (r1 - r0), r1 - r0, s.gate.begin() + k * inter + r0);
+        std::copy_n(u.begin() + k * (r1 - r0), r1 - r0, s.up.begin() + k * inter + r0);
+      }
+    });
+    std::vector<uint16_t> hb(s.h.size());
+    swiglu_bf16(s.gate.data(), s.up.data(), s.h.data(), hb.data(), T, inter, c.swiglu_limit);
+    m.split_rows(dim, T, s.down.data(), [&](int64_t r0, int64_t r1, float* buf) {
+      bf16_gemv(wd + r0 * inter, hb.data(), buf, r1 - r0, inter, T);
+    });
+    return s;
+  }
+  auto quant = [&](const MatView& mv, int64_t rows, int64_t K, const BlockQ8_1* a, float* y) {
+    m.split_rows(rows, T, y, [&](int64_t r0, int64_t r1, float* buf) {
+      mmvq(mv.type, mv.data + r0 * mv.row_stride(), a, buf, r1 - r0, K, T);
+    });
+  };
+  s.hq.resize(static_cast<size_t>(T * inter / kQK8_1));
+  quant(w.shared_gate, inter, dim, xq.data(), s.gate.data());
+  quant(w.shared_up, inter, dim, xq.data(), s.up.data());
+  swiglu_q8(s.gate.data(), s.up.data(), s.h.data(), s.hq.data(), T, inter, c.swiglu_limit);
+  quant(w.shared_down, dim, inter, s.hq.data(), s.down.data());
+  return s;
+}
+
+void fill_taps(LayerTaps& taps, const LayerWeights& w, const uint16_t* x, int64_t T, std::vector<float>&& logits,
+               const Routing& rt, const LayerPlan& p, std::vector<BlockQ8_1>&& xq, const RoutedOut& r, SharedOut&& s,
+               std::vector<float>&& acc, const std::vector<uint16_t>& y) {
+  const MoeConfig& c = w.config;
+  taps.layer = w.layer;
+  taps.tokens = T;
+  taps.input.assign(x, x + T * c.dim);
+  taps.router_logits = std::move(logits);
+  taps.topk_ids = rt.ids;
+  taps.topk_weights = rt.weights;
+  taps.x_q8 = std::move(xq);
+  fold_routed_taps(p, r.gu.data(), r.h.data(), r.hq.data(), r.down.data(), c.inter, c.dim, taps.experts);
+  fill_shared_taps(taps.shared, T);
+  taps.shared.gate = std::move(s.gate);
+  taps.shared.up = std::move(s.up);
+  taps.shared.h = std::move(s.h);
+  taps.shared.h_q8 = std::move(s.hq);
+  taps.shared.down = std::move(s.down);
+  taps.acc = std::move(acc);
+  taps.output = y;
+}
+
+}  // namespace
+
 std::vector<uint16_t> MoeLayer::forward(const uint16_t* x, int64_t T, LayerTaps* taps,
                                         LayerTiming* timing) const {
   const MoeConfig& c = w_.config;
-  const int64_t dim = c.dim, inter = c.inter, E = c.n_routed, K = c.topk;
-  if (T < 0) throw InputError(where(w_, "input") + ": negative token count");
+  const int64_t dim = c.dim, E = c.n_routed;
+  if (T < 0) throw InputError("emu::MoeLayer: layer " + std::to_string(w_.layer) + ", input: negative token count");
   const auto t0 = std::chrono::steady_clock::now();
-  if (taps != nullptr) taps->experts.clear();
 
-  // Router logits and host routing.
+  // Router logits, host routing and the plan.
   std::vector<float> logits(static_cast<size_t>(T * E));
-  impl_->dense(o_.router, w_.router, E, dim, x, T, logits.data());
+  impl_->rows.split_rows(E, T, logits.data(), [&](int64_t r0, int64_t r1, float* buf) {
+    router_gemv(o_.router, w_.router + r0 * dim, x, buf, r1 - r0, dim, T);
+  });
   const Routing rt = route_from_logits(logits.data(), T, w_.bias, c, w_.layer);
+  const LayerPlan plan = build_layer_plan(rt, E);
   const double route_ms = ms_since(t0);
   const auto t1 = std::chrono::steady_clock::now();
 
-  // x to q8_1 (bf16 widens exactly).
-  std::vector<float> xf(static_cast<size_t>(T * dim));
-  for (int64_t i = 0; i < T * dim; ++i) xf[i] = bf16_to_f32(x[i]);
   std::vector<BlockQ8_1> xq(static_cast<size_t>(T * dim / kQK8_1));
-  quantize_q8_1(xf.data(), xq.data(), T, dim);
-
-  // Routed experts in ascending id; each expert's tokens ascending, in groups of <= 8 rows.
-  std::vector<std::vector<int64_t>> picks(static_cast<size_t>(E));  // pick slots t * K + k
-  for (int64_t i = 0; i < T * K; ++i) picks[rt.ids[i]].push_back(i);
-  std::vector<float> down_all(static_cast<size_t>(T * K * dim));
-  std::vector<float> g, u, h, d;
-  std::vector<BlockQ8_1> a, hq;
-  for (int64_t e = 0; e < E; ++e) {
-    if (picks[e].empty()) continue;
-    ExpertTaps* et = nullptr;
-    if (taps != nullptr) {
-      et = &taps->experts.emplace_back();
-      et->expert = static_cast<int32_t>(e);
-    }
-    const int64_t n_e = static_cast<int64_t>(picks[e].size());
-    for (int64_t p0 = 0; p0 < n_e; p0 += kMaxGroupRows) {
-      const int64_t gn = std::min<int64_t>(kMaxGroupRows, n_e - p0);
-      a.resize(static_cast<size_t>(gn * dim / kQK8_1));
-      for (int64_t r = 0; r < gn; ++r) {
-        const int64_t t = picks[e][p0 + r] / K;
-        std::copy_n(xq.begin() + t * dim / kQK8_1, dim / kQK8_1, a.begin() + r * dim / kQK8_1);
-      }
-      g.resize(static_cast<size_t>(gn * inter));
-      u.resize(g.size());
-      h.resize(g.size());
-      hq.resize(static_cast<size_t>(gn * inter / kQK8_1));
-      d.resize(static_cast<size_t>(gn * dim));
-      impl_->quant(w_.gate_exps.type, w_.gate_exps.expert(e).data, inter, dim, a.data(), gn,
-                   g.data());
-      impl_->quant(w_.up_exps.type, w_.up_exps.expert(e).data, inter, dim, a.data(), gn, u.data());
-      swiglu_q8(g.data(), u.data(), h.data(), hq.data(), gn, inter, c.swiglu_limit);
-      impl_->quant(w_.down_exps.type, w_.down_exps.expert(e).data, dim, inter, hq.data(), gn,
-                   d.data());
-      for (int64_t r = 0; r < gn; ++r) {
-        std::copy_n(d.begin() + r * dim, dim, down_all.begin() + picks[e][p0 + r] * dim);
-      }
-      if (et != nullptr) {
-        for (int64_t r = 0; r < gn; ++r) {
-          et->tokens.push_back(static_cast<int32_t>(picks[e][p0 + r] / K));
-          et->weights.push_back(rt.weights[picks[e][p0 + r]]);
-        }
-        et->gate.insert(et->gate.end(), g.begin(), g.end());
-        et->up.insert(et->up.end(), u.begin(), u.end());
-        et->h.insert(et->h.end(), h.begin(), h.end());
-        et->h_q8.insert(et->h_q8.end(), hq.begin(), hq.end());
-        et->down.insert(et->down.end(), d.begin(), d.end());
-      }
-    }
-  }
-
-  // Shared expert on all tokens.
-  std::vector<float> sg(static_cast<size_t>(T * inter)), su(sg.size()), sh(sg.size());
-  std::vector<float> sd(static_cast<size_t>(T * dim));
-  std::vector<BlockQ8_1> shq;
-  if (w_.shared_gate.type == GgmlType::kBF16) {
-    const auto* wg = reinterpret_cast<const uint16_t*>(w_.shared_gate.data);
-    const auto* wu = reinterpret_cast<const uint16_t*>(w_.shared_up.data);
-    const auto* wd = reinterpret_cast<const uint16_t*>(w_.shared_down.data);
-    impl_->dense(RouterVariant::kPlain, wg, inter, dim, x, T, sg.data());
-    impl_->dense(RouterVariant::kPlain, wu, inter, dim, x, T, su.data());
-    swiglu_q8(sg.data(), su.data(), sh.data(), nullptr, T, inter, c.swiglu_limit);
-    std::vector<uint16_t> hb(sh.size());  // model.py's x.to(dtype) before w2
-    for (size_t i = 0; i < sh.size(); ++i) hb[i] = f32_to_bf16(sh[i]);
-    impl_->dense(RouterVariant::kPlain, wd, dim, inter, hb.data(), T, sd.data());
-  } else {
-    shq.resize(static_cast<size_t>(T * inter / kQK8_1));
-    impl_->quant(w_.shared_gate.type, w_.shared_gate.data, inter, dim, xq.data(), T, sg.data());
-    impl_->quant(w_.shared_up.type, w_.shared_up.data, inter, dim, xq.data(), T, su.data());
-    swiglu_q8(sg.data(), su.data(), sh.data(), shq.data(), T, inter, c.swiglu_limit);
-    impl_->quant(w_.shared_down.type, w_.shared_down.data, dim, inter, shq.data(), T, sd.data());
-  }
-
+  quantize_q8_1_bf16(x, xq.data(), T, dim);
+  const RoutedOut routed = run_routed(impl_->rows, w_, plan, xq);
+  SharedOut shared = run_shared(impl_->rows, w_, x, xq, T);
   std::vector<float> acc(static_cast<size_t>(T * dim));
-  accumulate(rt.ids.data(), rt.weights.data(), down_all.data(), sd.data(), acc.data(), T, K, dim);
   std::vector<uint16_t> y(static_cast<size_t>(T * dim));
-  finish(acc.data(), y.data(), T * dim);
+  accumulate(plan.acc_rows.data(), plan.acc_weights.data(), c.topk, routed.down.data(), shared.down.data(), acc.data(),
+             y.data(), T, dim);
 
   if (timing != nullptr) {
     timing->route_ms += route_ms;
     timing->compute_ms += ms_since(t1);
   }
-  if (taps != nullptr) {
-    taps->layer = w_.layer;
-    taps->tokens = T;
-    taps->input.assign(x, x + T * dim);
-    taps->router_logits = std::move(logits);
-    taps->topk_ids = rt.ids;
-    taps->topk_weights = rt.weights;
-    taps->x_q8 = std::move(xq);
-    ExpertTaps& s = taps->shared;
-    s.expert = -1;
-    s.tokens.resize(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) s.tokens[t] = static_cast<int32_t>(t);
-    s.weights.assign(static_cast<size_t>(T), 1.0f);
-    s.gate = std::move(sg);
-    s.up = std::move(su);
-    s.h = std::move(sh);
-    s.h_q8 = std::move(shq);
-    s.down = std::move(sd);
-    taps->acc = std::move(acc);
-    taps->output = y;
-  }
+  if (taps != nullptr)
+    fill_taps(*taps, w_, x, T, std::move(logits), rt, plan, std::move(xq), routed, std::move(shared), std::move(acc),
+              y);
   return y;
 }
 

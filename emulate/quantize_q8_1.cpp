@@ -5,6 +5,8 @@
 #include "emulate/quantize_q8_1.h"
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/fp_ops.h"
@@ -57,6 +59,18 @@ void quantize_q8_1(const float* x, BlockQ8_1* y, int64_t R, int64_t K) {
   const int64_t nb = K / kQK8_1;
   for (int64_t r = 0; r < R; ++r) {
     for (int64_t b = 0; b < nb; ++b) y[r * nb + b] = quantize_block_q8_1(x + r * K + b * kQK8_1);
+  }
+}
+
+void quantize_q8_1_bf16(const uint16_t* x, BlockQ8_1* y, int64_t R, int64_t K) {
+  if (K % kQK8_1 != 0 || R < 0) {
+    throw InputError("emu::quantize_q8_1_bf16: row length K = " + std::to_string(K) +
+                     " must be a multiple of 32 (rows " + std::to_string(R) + ")");
+  }
+  std::vector<float> xf(static_cast<size_t>(K));
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t k = 0; k < K; ++k) xf[static_cast<size_t>(k)] = bf16_to_f32(x[r * K + k]);
+    quantize_q8_1(xf.data(), y + r * (K / kQK8_1), 1, K);
   }
 }
 

@@ -14,4 +14,7 @@ BlockQ8_1 quantize_block_q8_1(const float* x);
 // x f32 [R, K] (K a multiple of 32) -> y [R, K / 32].
 void quantize_q8_1(const float* x, BlockQ8_1* y, int64_t R, int64_t K);
 
+// x bf16 [R, K], widened exactly, then quantize_q8_1 (the layer's input x).
+void quantize_q8_1_bf16(const uint16_t* x, BlockQ8_1* y, int64_t R, int64_t K);
+
 }  // namespace moecheck::emu

@@ -1,7 +1,7 @@
 // HDF5 tensor dumps of layer forwards: what `moecheck run` writes, `moecheck diff` compares and
 // golden/data/ holds. Self-describing (format version, tool version and git commit,
 // implementation and knobs, device, model file and SHA-256, config, seeds), one group per layer
-// with the stages of emulate/taps.h. Written to a temporary name and renamed; read back with
+// with the stages of core/taps.h. Written to a temporary name and renamed; read back with
 // every object validated. Contract: docs/golden-format.md.
 #pragma once
 

@@ -215,6 +215,7 @@ LayerWeights ModelFile::layer(int L) const {
   w.shared_up = shared(LayerTensor::kUpShexp, c.inter, c.dim);
   w.shared_down = shared(LayerTensor::kDownShexp, c.dim, c.inter);
   w.keep_alive = gguf_.owner();
+  validate_layer_weights(w, file);
   return w;
 }
 

@@ -1,5 +1,5 @@
 // model.py Gate (lines 792-827) in the reference: router logits in f32 (Model) or f64 (Exact),
-// and the f64 twin of the shared f32 routing rule (emulate/routing.cpp). Contract:
+// and the f64 twin of the shared f32 routing rule (core/routing.cpp). Contract:
 // docs/reference.md "Routing".
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // model.py's Linear as the reference runs it: y = x . W^T on exactly dequantised weights
-// (emulate/quantize.h dequantize_row: F32, F16, BF16, Q2_K, Q3_K). Rows are dequantised a chunk
+// (core/kquant.h dequantize_row: F32, F16, BF16, Q2_K, Q3_K). Rows are dequantised a chunk
 // at a time, so a 2304 x 5120 expert never exists as one f32 matrix. Contract: docs/reference.md
 // "Model mode's sums".
 #pragma once

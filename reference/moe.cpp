@@ -1,6 +1,6 @@
 // model.py MoE (lines 854-904) in the reference: route, run each picked expert on the tokens that
 // picked it (ascending expert id, as model.py's loop), add the shared expert, round once to bf16.
-// Also the weight-shape checks and the one-rounding f64 -> bf16 conversion. Contract:
+// Also the one-rounding f64 -> bf16 conversion. Contract:
 // reference/moe.h and docs/reference.md.
 #include "reference/moe.h"
 
@@ -13,25 +13,6 @@
 
 namespace moecheck::ref {
 namespace {
-
-std::string shape(int64_t rows, int64_t cols) {
-  return "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
-}
-
-void check_mat(const std::string& where, const std::string& name, const MatView& m, int64_t rows, int64_t cols) {
-  if (!m.data) throw InputError(where + ": tensor " + name + " is missing");
-  if (m.rows != rows || m.cols != cols)
-    throw InputError(where + ": tensor " + name + ": expected shape " + shape(rows, cols) + ", found " +
-                     shape(m.rows, m.cols));
-}
-
-void check_stack(const std::string& where, const std::string& name, const ExpertStackView& s, int64_t n,
-                 int64_t rows, int64_t cols) {
-  if (!s.data) throw InputError(where + ": tensor " + name + " is missing");
-  if (s.n_experts != n || s.rows != rows || s.cols != cols)
-    throw InputError(where + ": tensor " + name + ": expected " + std::to_string(n) + " experts of " +
-                     shape(rows, cols) + ", found " + std::to_string(s.n_experts) + " of " + shape(s.rows, s.cols));
-}
 
 // Per expert, the tokens that picked it (ascending) and their weights: torch.where(indices == i).
 template <typename W>
@@ -61,12 +42,8 @@ ExpertTaps* expert_taps(LayerTaps* taps, int64_t e, const std::vector<int32_t>& 
 
 ExpertTaps* shared_taps(LayerTaps* taps, int64_t T) {
   if (!taps) return nullptr;
-  ExpertTaps* st = &taps->shared;
-  st->expert = -1;
-  st->tokens.resize(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) st->tokens[static_cast<size_t>(t)] = static_cast<int32_t>(t);
-  st->weights.assign(static_cast<size_t>(T), 1.0f);
-  return st;
+  fill_shared_taps(taps->shared, T);
+  return &taps->shared;
 }
 
 }  // namespace
@@ -85,20 +62,7 @@ uint16_t f64_to_bf16(double v) {
   return f32_to_bf16(f);
 }
 
-MoE::MoE(const LayerWeights& w, Precision p) : w_(w), p_(p) {
-  const MoeConfig& c = w.config;
-  const std::string where = "layer " + std::to_string(w.layer);
-  c.validate(where);
-  const std::string blk = "blk." + std::to_string(w.layer) + ".";
-  if (!w.router) throw InputError(where + ": tensor " + blk + "ffn_gate_inp.weight is missing");
-  if (!w.bias) throw InputError(where + ": tensor " + blk + "exp_probs_b.bias is missing");
-  check_stack(where, blk + "ffn_gate_exps.weight", w.gate_exps, c.n_routed, c.inter, c.dim);
-  check_stack(where, blk + "ffn_up_exps.weight", w.up_exps, c.n_routed, c.inter, c.dim);
-  check_stack(where, blk + "ffn_down_exps.weight", w.down_exps, c.n_routed, c.dim, c.inter);
-  check_mat(where, blk + "ffn_gate_shexp.weight", w.shared_gate, c.inter, c.dim);
-  check_mat(where, blk + "ffn_up_shexp.weight", w.shared_up, c.inter, c.dim);
-  check_mat(where, blk + "ffn_down_shexp.weight", w.shared_down, c.dim, c.inter);
-}
+MoE::MoE(const LayerWeights& w, Precision p) : w_(w), p_(p) { validate_layer_weights(w, "ref::MoE", WeightTypes::kDequantized); }
 
 Expert MoE::routed(int64_t e) const {
   return Expert(w_.gate_exps.expert(e), w_.up_exps.expert(e), w_.down_exps.expert(e), w_.config.swiglu_limit);

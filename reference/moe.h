@@ -17,7 +17,7 @@ namespace moecheck::ref {
 
 enum class Precision { kModel, kExact };
 
-// route_from_logits (emulate/routing.h) with f64 scores: the same rule (scores from
+// route_from_logits (core/routing.h) with f64 scores: the same rule (scores from
 // logit / gate_temp, keys score + bias, stable ties to the lower id, NaN key an InputError, +1e-20,
 // route_scale), every operation in double. softplus is log1p(exp(z)) with no threshold.
 struct ExactRouting {
@@ -49,7 +49,7 @@ class Gate {
 };
 
 // model.py Expert: w2(silu(clamp(w1 x)) * clamp(w3 x) [* weights]). The weights of a view are
-// dequantised (exactly, emulate/quantize.h) a few rows at a time while the Linear runs, so an
+// dequantised (exactly, core/kquant.h) a few rows at a time while the Linear runs, so an
 // expert never exists as a whole f32 matrix.
 class Expert {
  public:

@@ -179,6 +179,49 @@ RC_GTEST_PROP(EmuMmvqProp, FastPathEqualsReplayAndBound, ()) {
   }
 }
 
+// The layer's form: groups over a slot table, any row range, equal to the plain form per
+// (row, token); groups larger than 8 rows and bad row ranges are refused.
+TEST(EmuMmvqGroups, EqualsPlainPerRowAndAnyRowSplit_Q2K_Q3K) {
+  for (GgmlType t : {GgmlType::kQ2K, GgmlType::kQ3K}) {
+    emutest::Gen g(77 + static_cast<uint64_t>(t));
+    const int64_t K = 512, rows = 9, A = 5;
+    std::vector<std::vector<uint8_t>> mats;
+    std::vector<const uint8_t*> slots;
+    for (int s = 0; s < 3; ++s) mats.push_back(emutest::make_rows(g, t, rows, K, 0.25));
+    for (const auto& m : mats) slots.push_back(m.data());
+    const std::vector<float> x = g.f32(A * K, 1.0);
+    std::vector<BlockQ8_1> a(static_cast<size_t>(A * K / 32));
+    emu::quantize_q8_1(x.data(), a.data(), A, K);
+    std::vector<MmvqGroup> groups(4);
+    int32_t y_next = 0;
+    for (auto& gr : groups) {
+      gr.slot = static_cast<int32_t>(g.u32() % 3);
+      gr.n = static_cast<int32_t>(1 + g.u32() % kMaxGroupRows);
+      for (int i = 0; i < gr.n; ++i) {
+        gr.a_row[i] = static_cast<int32_t>(g.u32() % A);
+        gr.y_row[i] = y_next++;
+      }
+    }
+    std::vector<float> y(static_cast<size_t>(y_next * rows)), split(y.size());
+    emu::mmvq_groups(t, slots.data(), groups.data(), 4, a.data(), y.data(), rows, K);
+    emu::mmvq_groups(t, slots.data(), groups.data(), 4, a.data(), split.data(), rows, K, 0, 4);
+    emu::mmvq_groups(t, slots.data(), groups.data(), 4, a.data(), split.data(), rows, K, 4, rows);
+    ASSERT_EQ(std::memcmp(y.data(), split.data(), y.size() * 4), 0) << "row split changed bits";
+    for (const auto& gr : groups) {
+      for (int i = 0; i < gr.n; ++i) {
+        std::vector<float> one(static_cast<size_t>(rows));
+        emu::mmvq(t, slots[gr.slot], a.data() + gr.a_row[i] * (K / 32), one.data(), rows, K, 1);
+        for (int64_t r = 0; r < rows; ++r)
+          ASSERT_EQ(f32_bits(y[gr.y_row[i] * rows + r]), f32_bits(one[r])) << "slot " << gr.slot << " row " << r;
+      }
+    }
+    groups[0].n = 9;
+    EXPECT_THROW(emu::mmvq_groups(t, slots.data(), groups.data(), 1, a.data(), y.data(), rows, K), InputError);
+    groups[0].n = 1;
+    EXPECT_THROW(emu::mmvq_groups(t, slots.data(), groups.data(), 1, a.data(), y.data(), rows, K, 5, 4), InputError);
+  }
+}
+
 TEST(EmuMmvqEdge, RejectsBadShapes) {
   std::vector<uint8_t> w(84);
   BlockQ8_1 a[8]{};

@@ -13,15 +13,7 @@
 #include <string>
 #include <vector>
 
-#define BENCH_CHECK(stmt)                                                                      \
-  do {                                                                                         \
-    const cudaError_t e_ = (stmt);                                                             \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "bench: %s failed: %s at %s:%d\n", #stmt, cudaGetErrorName(e_),      \
-                   __FILE__, __LINE__);                                                        \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
+#include "cuda/check.h"
 
 namespace moecheck::bench {
 
@@ -35,22 +27,22 @@ inline double median(std::vector<double> v) {
 template <class F>
 double time_ms(F fn, int warm, int reps, cudaStream_t s) {
   cudaEvent_t a, b;
-  BENCH_CHECK(cudaEventCreate(&a));
-  BENCH_CHECK(cudaEventCreate(&b));
+  MOECHECK_CUDA_CHECK(cudaEventCreate(&a));
+  MOECHECK_CUDA_CHECK(cudaEventCreate(&b));
   for (int i = 0; i < warm; ++i) fn();
-  BENCH_CHECK(cudaStreamSynchronize(s));
+  MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
-    BENCH_CHECK(cudaEventRecord(a, s));
+    MOECHECK_CUDA_CHECK(cudaEventRecord(a, s));
     fn();
-    BENCH_CHECK(cudaEventRecord(b, s));
-    BENCH_CHECK(cudaEventSynchronize(b));
+    MOECHECK_CUDA_CHECK(cudaEventRecord(b, s));
+    MOECHECK_CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0;
-    BENCH_CHECK(cudaEventElapsedTime(&ms, a, b));
+    MOECHECK_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     t.push_back(ms);
   }
-  BENCH_CHECK(cudaEventDestroy(a));
-  BENCH_CHECK(cudaEventDestroy(b));
+  MOECHECK_CUDA_CHECK(cudaEventDestroy(a));
+  MOECHECK_CUDA_CHECK(cudaEventDestroy(b));
   return median(t);
 }
 
@@ -58,13 +50,13 @@ double time_ms(F fn, int warm, int reps, cudaStream_t s) {
 inline double copy_bandwidth_gbs() {
   const size_t n = size_t{1} << 30;
   void *a = nullptr, *b = nullptr;
-  BENCH_CHECK(cudaMalloc(&a, n));
-  BENCH_CHECK(cudaMalloc(&b, n));
-  BENCH_CHECK(cudaMemset(a, 0x5A, n));
-  const double ms = time_ms([&] { BENCH_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, nullptr)); }, 3, 25,
+  MOECHECK_CUDA_CHECK(cudaMalloc(&a, n));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&b, n));
+  MOECHECK_CUDA_CHECK(cudaMemset(a, 0x5A, n));
+  const double ms = time_ms([&] { MOECHECK_CUDA_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, nullptr)); }, 3, 25,
                             nullptr);
-  BENCH_CHECK(cudaFree(a));
-  BENCH_CHECK(cudaFree(b));
+  MOECHECK_CUDA_CHECK(cudaFree(a));
+  MOECHECK_CUDA_CHECK(cudaFree(b));
   return 2.0 * static_cast<double>(n) / (ms * 1e-3) / 1e9;
 }
 
@@ -79,13 +71,13 @@ __global__ void fill_random_kernel(uint8_t* p, size_t n, uint64_t seed) {
 
 inline void fill_random(void* p, size_t n, uint64_t seed) {
   fill_random_kernel<<<1024, 256>>>(static_cast<uint8_t*>(p), n, seed);
-  BENCH_CHECK(cudaGetLastError());
-  BENCH_CHECK(cudaDeviceSynchronize());
+  MOECHECK_CUDA_CHECK(cudaGetLastError());
+  MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 inline std::string gpu_name() {
   cudaDeviceProp prop{};
-  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
+  MOECHECK_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   return prop.name;
 }
 

@@ -31,13 +31,13 @@ struct Row {
 double graph_us(const std::function<void(int, cudaStream_t)>& launch, int n, cudaStream_t s) {
   cudaGraph_t g;
   cudaGraphExec_t ge;
-  BENCH_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  MOECHECK_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   for (int i = 0; i < n; ++i) launch(i, s);
-  BENCH_CHECK(cudaStreamEndCapture(s, &g));
-  BENCH_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  const double ms = time_ms([&] { BENCH_CHECK(cudaGraphLaunch(ge, s)); }, 3, 20, s);
-  BENCH_CHECK(cudaGraphExecDestroy(ge));
-  BENCH_CHECK(cudaGraphDestroy(g));
+  MOECHECK_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  MOECHECK_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  const double ms = time_ms([&] { MOECHECK_CUDA_CHECK(cudaGraphLaunch(ge, s)); }, 3, 20, s);
+  MOECHECK_CUDA_CHECK(cudaGraphExecDestroy(ge));
+  MOECHECK_CUDA_CHECK(cudaGraphDestroy(g));
   return ms * 1e3 / n;
 }
 
@@ -48,14 +48,14 @@ int main() {
   std::printf("GPU: %s\ndevice-to-device copy: %.0f GB/s (read + write, 1 GiB, median of 25)\n",
               bench::gpu_name().c_str(), copy);
   cudaStream_t s;
-  BENCH_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  MOECHECK_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const int64_t dim = 5120, inter = 2304, nsel = 6, sets = 8;
   const int64_t gate_stride = inter * row_bytes(GgmlType::kQ2K, dim);    // 3,870,720 B
   const int64_t down_stride = dim * row_bytes(GgmlType::kQ3K, inter);    // 5,068,800 B
   // 2 * sets * 6 gate-shaped experts (gate and up) and sets * 6 down experts: 371 + 243 MB.
   uint8_t *gate_pool = nullptr, *down_pool = nullptr;
-  BENCH_CHECK(cudaMalloc(&gate_pool, 2 * sets * nsel * gate_stride));
-  BENCH_CHECK(cudaMalloc(&down_pool, sets * nsel * down_stride));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&gate_pool, 2 * sets * nsel * gate_stride));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&down_pool, sets * nsel * down_stride));
   bench::fill_random(gate_pool, 2 * sets * nsel * gate_stride, 1);
   bench::fill_random(down_pool, sets * nsel * down_stride, 2);
   // Slot tables: set i's gate (6), gate+up (12), down (6).
@@ -65,13 +65,13 @@ int main() {
     for (int64_t e = 0; e < nsel; ++e) tab.push_back(down_pool + (i * nsel + e) * down_stride);
   }
   const uint8_t** d_tab = nullptr;
-  BENCH_CHECK(cudaMalloc(&d_tab, tab.size() * sizeof(void*)));
-  BENCH_CHECK(cudaMemcpy(d_tab, tab.data(), tab.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&d_tab, tab.size() * sizeof(void*)));
+  MOECHECK_CUDA_CHECK(cudaMemcpy(d_tab, tab.data(), tab.size() * sizeof(void*), cudaMemcpyHostToDevice));
   BlockQ8_1 *x_q8 = nullptr, *h_q8 = nullptr;
   float* y = nullptr;
-  BENCH_CHECK(cudaMalloc(&x_q8, dim / 32 * sizeof(BlockQ8_1)));
-  BENCH_CHECK(cudaMalloc(&h_q8, nsel * inter / 32 * sizeof(BlockQ8_1)));
-  BENCH_CHECK(cudaMalloc(&y, 2 * nsel * dim * sizeof(float)));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&x_q8, dim / 32 * sizeof(BlockQ8_1)));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&h_q8, nsel * inter / 32 * sizeof(BlockQ8_1)));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&y, 2 * nsel * dim * sizeof(float)));
   bench::fill_random(x_q8, dim / 32 * sizeof(BlockQ8_1), 3);
   bench::fill_random(h_q8, nsel * inter / 32 * sizeof(BlockQ8_1), 4);
 
@@ -110,8 +110,8 @@ int main() {
     const int64_t nr = 384, ncopy = 16, rb = nr * dim * 2;
     uint8_t* rpool = nullptr;
     uint16_t* x = nullptr;
-    BENCH_CHECK(cudaMalloc(&rpool, ncopy * rb));
-    BENCH_CHECK(cudaMalloc(&x, 8 * dim * 2));
+    MOECHECK_CUDA_CHECK(cudaMalloc(&rpool, ncopy * rb));
+    MOECHECK_CUDA_CHECK(cudaMalloc(&x, 8 * dim * 2));
     bench::fill_random(rpool, ncopy * rb, 5);
     bench::fill_random(x, 8 * dim * 2, 6);
     for (RouterVariant v : {RouterVariant::kPlain, RouterVariant::kStaged}) {
@@ -124,8 +124,8 @@ int main() {
     const int64_t sb = inter * dim * 2, nsh = 4;  // 4 copies of (gate, up, down): 283 MB
     uint8_t* spool = nullptr;
     uint16_t* hb = nullptr;
-    BENCH_CHECK(cudaMalloc(&spool, 3 * nsh * sb));
-    BENCH_CHECK(cudaMalloc(&hb, 8 * inter * 2));
+    MOECHECK_CUDA_CHECK(cudaMalloc(&spool, 3 * nsh * sb));
+    MOECHECK_CUDA_CHECK(cudaMalloc(&hb, 8 * inter * 2));
     bench::fill_random(spool, 3 * nsh * sb, 7);
     bench::fill_random(hb, 8 * inter * 2, 8);
     auto mat = [&](int i, int k) { return reinterpret_cast<const uint16_t*>(spool + ((i % nsh) * 3 + k) * sb); };

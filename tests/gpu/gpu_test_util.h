@@ -25,11 +25,6 @@
       GTEST_SKIP() << "no usable CUDA device: " << moecheck_why_;            \
   } while (0)
 
-#define MOECHECK_TEST_CUDA(stmt)                                                              \
-  do {                                                                                        \
-    const cudaError_t e_ = (stmt);                                                            \
-    ASSERT_EQ(e_, cudaSuccess) << #stmt << ": " << cudaGetErrorName(e_);                      \
-  } while (0)
 
 namespace moecheck::gputest {
 

@@ -133,7 +133,7 @@ TEST_P(MmvqTest, GroupsEqualsEmu_100Seeds) {
     std::vector<std::vector<uint8_t>> mats;
     for (int64_t s = 0; s < n_slots; ++s) mats.push_back(emutest::make_rows(g, type, rows, K, 0.1));
     const auto a = make_act(g, A, K, seed % 4 == 0);
-    std::vector<cuda::MmvqGroup> groups(1 + g.u32() % 6);
+    std::vector<MmvqGroup> groups(1 + g.u32() % 6);
     int32_t y_next = 0;
     for (auto& gr : groups) {
       gr.slot = static_cast<int32_t>(g.u32() % n_slots);
@@ -146,10 +146,10 @@ TEST_P(MmvqTest, GroupsEqualsEmu_100Seeds) {
     int max_n = 1;
     for (const auto& gr : groups) max_n = std::max(max_n, static_cast<int>(gr.n));
     std::vector<float> want(static_cast<size_t>(y_next * rows));
-    for (const auto& gr : groups)
-      for (int i = 0; i < gr.n; ++i)
-        emu::mmvq(type, mats[gr.slot].data(), a.data() + gr.a_row[i] * (K / kQK8_1),
-                  want.data() + gr.y_row[i] * rows, rows, K, 1);
+    std::vector<const uint8_t*> host_slots;
+    for (const auto& m : mats) host_slots.push_back(m.data());
+    emu::mmvq_groups(type, host_slots.data(), groups.data(), static_cast<int64_t>(groups.size()), a.data(),
+                     want.data(), rows, K);
     std::vector<std::unique_ptr<DevArray<uint8_t>>> dm;
     std::vector<const uint8_t*> dp;
     for (const auto& m : mats) {
@@ -157,7 +157,7 @@ TEST_P(MmvqTest, GroupsEqualsEmu_100Seeds) {
       dp.push_back(dm.back()->get());
     }
     DevArray<const uint8_t*> dtab(dp);
-    DevArray<cuda::MmvqGroup> dg(groups);
+    DevArray<MmvqGroup> dg(groups);
     DevArray<BlockQ8_1> da(a);
     DevArray<float> dy(want.size());
     cuda::mmvq_groups(type, dtab.get(), dg.get(), static_cast<int64_t>(groups.size()), max_n, da.get(), dy.get(), rows, K,
