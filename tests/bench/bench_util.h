@@ -1,6 +1,8 @@
 // Shared pieces of the GPU benchmarks (tests/bench/*.cu): the device-to-device copy bandwidth
 // measured in the same process (the ceiling every result is divided by), event timing with
-// medians, and a device-side fill of random bytes (benchmarks never time zeros). See
+// medians, a device-side fill of random bytes (benchmarks never time zeros), and the check every
+// benchmark runs before it times a kernel: its result equals the emulation's bit for bit, or the
+// benchmark exits 1 naming the first difference (a wrong kernel never reports a speed). See
 // docs/performance.md for how the numbers are read.
 #pragma once
 
@@ -73,6 +75,38 @@ inline void fill_random(void* p, size_t n, uint64_t seed) {
   fill_random_kernel<<<1024, 256>>>(static_cast<uint8_t*>(p), n, seed);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
   MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// n elements of device memory on the host.
+template <class T>
+std::vector<T> to_host(const void* d, size_t n) {
+  std::vector<T> v(n);
+  if (n > 0) MOECHECK_CUDA_CHECK(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+// The kernel's result against the emulation's, bitwise; exit 1 on the first difference.
+template <class T>
+void require_emu_bits(const std::string& what, const std::vector<T>& got, const std::vector<T>& emu) {
+  if (got.size() != emu.size()) {
+    std::fprintf(stderr, "bench: %s has %zu values, the emulation %zu\n", what.c_str(), got.size(), emu.size());
+    std::exit(1);
+  }
+  const auto* a = reinterpret_cast<const unsigned char*>(got.data());
+  const auto* b = reinterpret_cast<const unsigned char*>(emu.data());
+  for (size_t i = 0; i < emu.size() * sizeof(T); ++i) {
+    if (a[i] == b[i]) continue;
+    std::fprintf(stderr, "bench: %s differs from the emulation at element %zu (byte %zu: 0x%02x vs 0x%02x); "
+                         "not timing a wrong kernel\n", what.c_str(), i / sizeof(T), i % sizeof(T), a[i], b[i]);
+    std::exit(1);
+  }
+  std::printf("validated %s against the emulation: %zu values bitwise equal\n", what.c_str(), emu.size());
+}
+
+// The same for a result in device memory (emu.size() elements of T at dev).
+template <class T>
+void require_emu_bits(const std::string& what, const void* dev, const std::vector<T>& emu) {
+  require_emu_bits(what, to_host<T>(dev, emu.size()), emu);
 }
 
 inline std::string gpu_name() {

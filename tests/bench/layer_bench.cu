@@ -3,7 +3,9 @@
 // the six experts' gate / up / down, the shared expert) over the device-to-device copy
 // bandwidth measured first in this process. Forward time is host wall clock per synchronous
 // forward (input upload, host route and output download included), median of 200 after 20
-// warm-ups, over 64 rotating inputs (different experts). Markdown table last.
+// warm-ups, over 64 rotating inputs (different experts). Before timing, each option set's
+// forward on the first input is checked bit for bit against emu::MoeLayer (exit 1 if not).
+// Markdown table last.
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "cuda/moe_layer.h"
+#include "emulate/moe_layer.h"
 #include "golden/generator.h"
 #include "tests/bench/bench_util.h"
 
@@ -59,6 +62,13 @@ int main() {
     cuda::MoeLayer layer(w, v.opt);
     std::vector<std::vector<uint16_t>> xs;
     for (int i = 0; i < 64; ++i) xs.push_back(generate_input(1000 + i, v.T, c.dim));
+    {
+      emu::LayerOptions eo;
+      eo.router = v.opt.router;
+      eo.expert_warps = v.opt.expert_warps;
+      const std::vector<uint16_t> want = emu::MoeLayer(w, eo).forward(xs[0].data(), v.T);
+      bench::require_emu_bits("layer output (" + v.name + ")", layer.forward(xs[0].data(), v.T), want);
+    }
     for (int i = 0; i < 20; ++i) layer.forward(xs[i % xs.size()].data(), v.T);
     std::vector<double> t, route;
     uint64_t bytes = 0;

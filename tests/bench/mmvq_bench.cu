@@ -1,8 +1,9 @@
 // Kernel benchmarks at the seeds' one-token shapes: MMVQ over the six selected experts in one
 // launch (gate: 6 x [2304, 5120] Q2_K; gate+up: 12 of them; down: 6 x [5120, 2304] Q3_K) at 2, 4
-// and 8 warps, the router GEMV (plain, staged) and the shared expert's bf16 GEMVs. Each result is
-// weight bytes / kernel time against the device-to-device copy bandwidth measured first in this
-// process. Weights rotate among sets whose total is several times L2, so no launch finds its
+// and 8 warps, the router GEMV (plain, staged) and the shared expert's bf16 GEMVs. Each kernel is
+// first checked bit for bit against its emulation twin on the same bytes (exit 1 if not). Each
+// result is weight bytes / kernel time against the device-to-device copy bandwidth measured
+// first in this process. Weights rotate among sets whose total is several times L2, so no launch finds its
 // weights cached; launches are replayed from a CUDA graph (launch gaps out). Markdown table last.
 #include <cuda_runtime.h>
 
@@ -13,6 +14,9 @@
 #include <vector>
 
 #include "cuda/kernels.h"
+#include "emulate/bf16_gemv.h"
+#include "emulate/mmvq.h"
+#include "emulate/router_gemv.h"
 #include "tests/bench/bench_util.h"
 
 using namespace moecheck;
@@ -75,6 +79,28 @@ int main() {
   bench::fill_random(x_q8, dim / 32 * sizeof(BlockQ8_1), 3);
   bench::fill_random(h_q8, nsel * inter / 32 * sizeof(BlockQ8_1), 4);
 
+  // Before any timing: set 0 of every MMVQ form, at every warp count, against the emulation.
+  {
+    const auto gates = bench::to_host<uint8_t>(gate_pool, 2 * nsel * gate_stride);
+    const auto downs = bench::to_host<uint8_t>(down_pool, nsel * down_stride);
+    const auto xq = bench::to_host<BlockQ8_1>(x_q8, dim / 32), hq = bench::to_host<BlockQ8_1>(h_q8, nsel * inter / 32);
+    std::vector<const uint8_t*> hg, hd;
+    for (int64_t e = 0; e < 2 * nsel; ++e) hg.push_back(gates.data() + e * gate_stride);
+    for (int64_t e = 0; e < nsel; ++e) hd.push_back(downs.data() + e * down_stride);
+    std::vector<float> want_gu(static_cast<size_t>(2 * nsel * inter)), want_d(static_cast<size_t>(nsel * dim));
+    emu::mmvq_experts(GgmlType::kQ2K, hg.data(), 2 * nsel, xq.data(), false, want_gu.data(), inter, dim);
+    emu::mmvq_experts(GgmlType::kQ3K, hd.data(), nsel, hq.data(), true, want_d.data(), dim, inter);
+    for (int warps : {2, 4, 8}) {
+      const std::string w = " at " + std::to_string(warps) + " warps";
+      cuda::mmvq_experts(GgmlType::kQ2K, d_tab, 2 * nsel, x_q8, false, y, inter, dim, warps, s);
+      MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+      bench::require_emu_bits("mmvq_experts Q2_K gate+up" + w, y, want_gu);
+      cuda::mmvq_experts(GgmlType::kQ3K, d_tab + 2 * nsel, nsel, h_q8, true, y, dim, inter, warps, s);
+      MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+      bench::require_emu_bits("mmvq_experts Q3_K down" + w, y, want_d);
+    }
+  }
+
   std::vector<Row> rows;
   const int n = 4 * static_cast<int>(sets);  // launches per graph, rotating the sets
   auto table = [&](int i) { return d_tab + (i % sets) * 3 * nsel; };
@@ -114,6 +140,14 @@ int main() {
     MOECHECK_CUDA_CHECK(cudaMalloc(&x, 8 * dim * 2));
     bench::fill_random(rpool, ncopy * rb, 5);
     bench::fill_random(x, 8 * dim * 2, 6);
+    const auto hr = bench::to_host<uint16_t>(rpool, nr * dim), hx = bench::to_host<uint16_t>(x, dim);
+    for (RouterVariant v : {RouterVariant::kPlain, RouterVariant::kStaged}) {
+      std::vector<float> want(static_cast<size_t>(nr));
+      emu::router_gemv(v, hr.data(), hx.data(), want.data(), nr, dim, 1);
+      cuda::router_gemv(v, reinterpret_cast<const uint16_t*>(rpool), x, y, nr, dim, 1, s);
+      MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+      bench::require_emu_bits(v == RouterVariant::kPlain ? "router_gemv plain" : "router_gemv staged", y, want);
+    }
     for (RouterVariant v : {RouterVariant::kPlain, RouterVariant::kStaged}) {
       const double us = graph_us([&](int i, cudaStream_t st) {
         cuda::router_gemv(v, reinterpret_cast<const uint16_t*>(rpool + (i % ncopy) * rb), x, y, nr, dim, 1, st);
@@ -129,6 +163,19 @@ int main() {
     bench::fill_random(spool, 3 * nsh * sb, 7);
     bench::fill_random(hb, 8 * inter * 2, 8);
     auto mat = [&](int i, int k) { return reinterpret_cast<const uint16_t*>(spool + ((i % nsh) * 3 + k) * sb); };
+    {
+      const auto hs = bench::to_host<uint16_t>(spool, 3 * inter * dim), hh = bench::to_host<uint16_t>(hb, inter);
+      std::vector<float> want_g(static_cast<size_t>(inter)), want_u(want_g.size()), want_d(static_cast<size_t>(dim));
+      emu::bf16_gemv_pair(hs.data(), hs.data() + inter * dim, hx.data(), want_g.data(), want_u.data(), inter, dim, 1);
+      emu::bf16_gemv(hs.data() + 2 * inter * dim, hh.data(), want_d.data(), dim, inter, 1);
+      cuda::bf16_gemv_pair(mat(0, 0), mat(0, 1), x, y, y + inter, inter, dim, 1, s);
+      MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+      want_g.insert(want_g.end(), want_u.begin(), want_u.end());
+      bench::require_emu_bits("bf16_gemv_pair shared gate+up", y, want_g);
+      cuda::bf16_gemv(mat(0, 2), hb, y, dim, inter, 1, s);
+      MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+      bench::require_emu_bits("bf16_gemv shared down", y, want_d);
+    }
     double us = graph_us([&](int i, cudaStream_t st) {
       cuda::bf16_gemv_pair(mat(i, 0), mat(i, 1), x, y, y + inter, inter, dim, 1, st);
     }, n, s);
