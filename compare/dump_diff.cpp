@@ -50,42 +50,6 @@ std::string Tolerance::describe() const {
   return s + (nan_equal ? ", NaN == NaN" : "");
 }
 
-void check_comparable(const DumpMeta& a, const std::string& ap, const DumpMeta& b, const std::string& bp) {
-  const std::string both = ap + " vs " + bp + ": ";
-  if (a.model_sha256 != b.model_sha256)
-    throw InputError(both + "different model files (attribute model_sha256): " + a.model_file + " " +
-                     a.model_sha256 + " vs " + b.model_file + " " + b.model_sha256);
-  const MoeConfig &x = a.config, &y = b.config;
-  auto field = [&](const char* f, const std::string& u, const std::string& v) {
-    if (u != v) throw InputError(both + "different configs: attribute config." + f + " is " + u + " vs " + v);
-  };
-  auto fs = [](float v) { char buf[32]; std::snprintf(buf, sizeof buf, "%.9g", double(v)); return std::string(buf); };
-  field("dim", std::to_string(x.dim), std::to_string(y.dim));
-  field("inter", std::to_string(x.inter), std::to_string(y.inter));
-  field("n_routed", std::to_string(x.n_routed), std::to_string(y.n_routed));
-  field("topk", std::to_string(x.topk), std::to_string(y.topk));
-  field("n_shared", std::to_string(x.n_shared), std::to_string(y.n_shared));
-  field("score_func", to_string(x.score_func), to_string(y.score_func));
-  field("route_scale", fs(x.route_scale), fs(y.route_scale));
-  field("swiglu_limit", fs(x.swiglu_limit), fs(y.swiglu_limit));
-  field("gate_temp", fs(x.gate_temp), fs(y.gate_temp));
-  field("norm_topk_prob", std::to_string(x.norm_topk_prob), std::to_string(y.norm_topk_prob));
-  if (a.tokens != b.tokens)
-    throw InputError(both + "different token counts (attribute tokens): " + std::to_string(a.tokens) +
-                     " vs " + std::to_string(b.tokens));
-  if (a.layers != b.layers) {
-    auto ls = [](const std::vector<int32_t>& v) {
-      std::string s;
-      for (int32_t l : v) {
-        if (!s.empty()) s += ",";
-        s += std::to_string(l);
-      }
-      return "[" + s + "]";
-    };
-    throw InputError(both + "different layer lists (attribute layers): " + ls(a.layers) + " vs " + ls(b.layers));
-  }
-}
-
 int64_t explain_flips(LayerDiff& l, double gate_temp) {
   if (l.routing.flip_list.empty()) return 0;
   const StageDiff* logits = l.stage(Stage::kRouterLogits);
@@ -142,8 +106,8 @@ LayerDiff diff_layer(const Dump& A, const Dump& B, size_t li, const DiffOptions&
 }  // namespace
 
 DiffReport diff_dumps(const Dump& A, const Dump& B, const DiffOptions& o) {
-  check_comparable(A.meta, A.path, B.meta, B.path);
   DiffReport rep;
+  rep.model = check_comparable(A, B);
   rep.a_path = A.path;
   rep.b_path = B.path;
   rep.tolerance = o.tolerance;

@@ -91,8 +91,20 @@ struct LayerDiff {
   const StageDiff* stage(Stage s) const;  // nullptr when the stage was not compared
 };
 
+// What two dumps say about the weights they ran on (golden/provenance.h): the slices both
+// recorded must have equal digests (else the dumps are not comparable); slices only one side
+// read are listed; files that differ elsewhere are not refused.
+struct ModelMatch {
+  std::string kind;                          // "slices", "file" (whole-file digests equal) or "unverified"
+  int64_t common = 0;                        // slices both recorded, all equal
+  std::vector<std::string> only_a, only_b;   // slices one side recorded ("blk.0.ffn_gate_exps.weight[expert 3]")
+  bool header_differs = false;               // both recorded the GGUF header's digest and they differ
+  std::string note;                          // one line for the report
+};
+
 struct DiffReport {
   std::string a_path, b_path;
+  ModelMatch model;
   Tolerance tolerance;
   std::vector<LayerDiff> layers;
   bool same = true;
@@ -111,10 +123,10 @@ struct DiffOptions {
   std::vector<Stage> informational;
 };
 
-// Throws InputError (naming both files and the field) when the dumps cannot be compared:
-// different model SHA-256, config, token count or layer list.
-void check_comparable(const DumpMeta& a, const std::string& a_path, const DumpMeta& b,
-                      const std::string& b_path);
+// Throws InputError (naming both files and the field or slice) when the dumps cannot be
+// compared: a different config, token count or layer list; a tensor or expert slice both read
+// with different digests; or different whole-file digests where neither records slices.
+ModelMatch check_comparable(const Dump& a, const Dump& b);
 
 DiffReport diff_dumps(const Dump& a, const Dump& b, const DiffOptions& o);
 

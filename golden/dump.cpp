@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "golden/dump_hdf5.h"
+#include "golden/sha256.h"
 
 namespace moecheck {
 namespace {
@@ -62,7 +63,33 @@ void put_expert(hid_t parent, const std::string& name, const ExpertTaps& e, cons
   f32(stage_dataset(Stage::kExpertsDown), e.down, c.dim);
 }
 
-void put_layer(hid_t layers, const LayerTaps& t, const DumpMeta& m) {
+// /layers/<L>/tensors: which tensors and expert slices the forward read, and their SHA-256.
+void put_slices(hid_t layer_group, const std::vector<SliceHash>& slices, const std::string& where) {
+  h5::Handle g = h5::create_group(layer_group, "tensors", where + "/tensors");
+  const int64_t n = static_cast<int64_t>(slices.size());
+  std::vector<int32_t> tensor, expert;
+  std::vector<uint8_t> digest;
+  for (const SliceHash& h : slices) {
+    tensor.push_back(tensor_code(h.tensor));
+    expert.push_back(h.expert);
+    std::array<uint8_t, 32> d{};
+    if (!from_hex(h.sha256, d)) throw InputError("dump " + where + ": slice digest \"" + h.sha256 + "\" is not 64 hex digits");
+    digest.insert(digest.end(), d.begin(), d.end());
+  }
+  std::string names;
+  for (LayerTensor t : kLayerTensors) {
+    if (!names.empty()) names += ',';
+    names += std::to_string(tensor_code(t));
+    names += '=';
+    names += tensor_name(0, t).substr(6);  // without "blk.0."
+  }
+  h5::write_attr(g.get(), "tensor_codes", names);
+  h5::write_dataset(g.get(), "tensor", Elem::kI32, tensor.data(), {n});
+  h5::write_dataset(g.get(), "expert", Elem::kI32, expert.data(), {n});
+  h5::write_dataset(g.get(), "sha256", Elem::kU8, digest.data(), {n, 32});
+}
+
+void put_layer(hid_t layers, const LayerTaps& t, const DumpMeta& m, const std::vector<SliceHash>* slices) {
   const MoeConfig& c = m.config;
   const int64_t T = m.tokens;
   const std::string where = "/layers/" + std::to_string(t.layer);
@@ -79,6 +106,7 @@ void put_layer(hid_t layers, const LayerTaps& t, const DumpMeta& m) {
   h5::write_dataset(g.get(), stage_dataset(Stage::kRouterLogits), Elem::kF32, t.router_logits.data(), {T, c.n_routed});
   h5::write_dataset(g.get(), stage_dataset(Stage::kTopkIds), Elem::kI32, t.topk_ids.data(), {T, c.topk});
   h5::write_dataset(g.get(), stage_dataset(Stage::kTopkWeights), Elem::kF32, t.topk_weights.data(), {T, c.topk});
+  if (slices != nullptr && !slices->empty()) put_slices(g.get(), *slices, where);
   if (!m.taps) return;
   if (!t.x_q8.empty()) {
     check_size(t.x_q8.size(), T * c.dim / kQK8_1, where + "/x_q8");
@@ -101,7 +129,7 @@ void write_file(const std::string& path, const Dump& d) {
   const DumpMeta& m = d.meta;
   h5::Handle f = h5::create_file(path);
   const hid_t r = f.get();
-  h5::write_attr(r, "format_version", m.format_version);
+  h5::write_attr(r, "format_version", kDumpFormatVersion);
   h5::write_attr(r, "tool_version", m.tool_version);
   h5::write_attr(r, "git_commit", m.git_commit);
   h5::write_attr(r, "implementation", m.implementation);
@@ -110,6 +138,7 @@ void write_file(const std::string& path, const Dump& d) {
   h5::write_attr(r, "device", m.device);
   h5::write_attr(r, "model_file", m.model_file);
   h5::write_attr(r, "model_sha256", m.model_sha256);
+  h5::write_attr(r, "model_header_sha256", m.model_header_sha256);
   const MoeConfig& c = m.config;
   h5::write_attr(r, "config.dim", c.dim);
   h5::write_attr(r, "config.inter", c.inter);
@@ -129,7 +158,8 @@ void write_file(const std::string& path, const Dump& d) {
   h5::write_attr(r, "taps", static_cast<int64_t>(m.taps ? 1 : 0));
   h5::write_attr(r, "routing_weight_at", m.routing_weight_at);
   h5::Handle layers = h5::create_group(r, "layers", "/layers");
-  for (const LayerTaps& t : d.layers) put_layer(layers.get(), t, m);
+  for (size_t i = 0; i < d.layers.size(); ++i)
+    put_layer(layers.get(), d.layers[i], m, d.slices.empty() ? nullptr : &d.slices[i]);
   if (H5Fflush(r, H5F_SCOPE_GLOBAL) < 0) throw std::runtime_error("HDF5 write failed: flush " + path);
 }
 
@@ -223,13 +253,40 @@ LayerTaps get_layer(const h5::Reader& rd, hid_t layers, const DumpMeta& m, int32
   return t;
 }
 
+// The layer's provenance, or nothing when the dump records none (version 1, or tensors built
+// elsewhere).
+std::vector<SliceHash> get_slices(const h5::Reader& rd, hid_t layers, int32_t L) {
+  const std::string lp = "/layers/" + std::to_string(L), path = lp + "/tensors";
+  h5::Handle lg = rd.open_group(layers, "/layers", std::to_string(L));
+  if (!rd.has_object(lg.get(), "tensors")) return {};
+  h5::Handle g = rd.open_group(lg.get(), lp, "tensors");
+  std::vector<int64_t> dims;
+  const auto tensor = rd.read_dataset<int32_t>(g.get(), path, "tensor", {-1}, &dims);
+  const int64_t n = dims[0];
+  const auto expert = rd.read_dataset<int32_t>(g.get(), path, "expert", {n});
+  const auto digest = rd.read_dataset<uint8_t>(g.get(), path, "sha256", {n, 32});
+  std::vector<SliceHash> out;
+  for (int64_t i = 0; i < n; ++i) {
+    SliceHash h;
+    if (!tensor_from_code(tensor[i], &h.tensor))
+      rd.fail(path + "/tensor", "element " + std::to_string(i) + ": unknown tensor code " + std::to_string(tensor[i]));
+    h.expert = expert[i];
+    if (h.expert < -1) rd.fail(path + "/expert", "element " + std::to_string(i) + ": expert " + std::to_string(h.expert));
+    std::array<uint8_t, 32> d{};
+    std::copy(digest.begin() + i * 32, digest.begin() + (i + 1) * 32, d.begin());
+    h.sha256 = to_hex(d);
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
 DumpMeta get_meta(const h5::Reader& rd) {
   const hid_t r = rd.root();
   const std::string p = "/";
   DumpMeta m;
   m.format_version = rd.attr_int(r, p, "format_version");
-  if (m.format_version != kDumpFormatVersion)
-    rd.fail(p, "attribute format_version: this tool reads version " + std::to_string(kDumpFormatVersion) +
+  if (m.format_version != 1 && m.format_version != kDumpFormatVersion)
+    rd.fail(p, "attribute format_version: this tool reads versions 1 and " + std::to_string(kDumpFormatVersion) +
                    ", found " + std::to_string(m.format_version));
   m.tool_version = rd.attr_str(r, p, "tool_version");
   m.git_commit = rd.attr_str(r, p, "git_commit");
@@ -240,6 +297,7 @@ DumpMeta get_meta(const h5::Reader& rd) {
   m.device = rd.attr_str(r, p, "device");
   m.model_file = rd.attr_str(r, p, "model_file");
   m.model_sha256 = rd.attr_str(r, p, "model_sha256");
+  if (m.format_version >= 2) m.model_header_sha256 = rd.attr_str(r, p, "model_header_sha256");
   MoeConfig& c = m.config;
   c.dim = rd.attr_int(r, p, "config.dim");
   c.inter = rd.attr_int(r, p, "config.inter");
@@ -278,6 +336,9 @@ void write_dump(const std::string& path, const Dump& d) {
   if (d.layers.size() != d.meta.layers.size())
     throw InputError("dump " + path + ": meta lists " + std::to_string(d.meta.layers.size()) +
                      " layers, " + std::to_string(d.layers.size()) + " given");
+  if (!d.slices.empty() && d.slices.size() != d.layers.size())
+    throw InputError("dump " + path + ": " + std::to_string(d.slices.size()) + " provenance lists for " +
+                     std::to_string(d.layers.size()) + " layers");
   for (size_t i = 0; i < d.layers.size(); ++i)
     if (d.layers[i].layer != d.meta.layers[i])
       throw InputError("dump " + path + ": layer " + std::to_string(d.layers[i].layer) +
@@ -308,7 +369,13 @@ Dump read_dump(const std::string& path) {
   if (names.size() != d.meta.layers.size())
     rd.fail("/layers", "root attribute layers lists " + std::to_string(d.meta.layers.size()) +
                            " layers, the file holds " + std::to_string(names.size()) + " groups");
-  for (int32_t L : d.meta.layers) d.layers.push_back(get_layer(rd, layers.get(), d.meta, L));
+  bool any_slices = false;
+  for (int32_t L : d.meta.layers) {
+    d.layers.push_back(get_layer(rd, layers.get(), d.meta, L));
+    d.slices.push_back(get_slices(rd, layers.get(), L));
+    any_slices = any_slices || !d.slices.back().empty();
+  }
+  if (!any_slices) d.slices.clear();
   return d;
 }
 

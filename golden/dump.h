@@ -1,6 +1,7 @@
 // HDF5 tensor dumps of layer forwards: what `moecheck run` writes, `moecheck diff` compares and
 // golden/data/ holds. Self-describing (format version, tool version and git commit,
-// implementation and knobs, device, model file and SHA-256, config, seeds), one group per layer
+// implementation and knobs, device, model file and the SHA-256 of what the run read: header,
+// per-layer tensors and expert slices; the whole file's only when asked), config, seeds), one group per layer
 // with the stages of core/taps.h. Written to a temporary name and renamed; read back with
 // every object validated. Contract: docs/golden-format.md.
 #pragma once
@@ -12,10 +13,13 @@
 
 #include "core/config.h"
 #include "core/taps.h"
+#include "golden/provenance.h"
 
 namespace moecheck {
 
-inline constexpr int64_t kDumpFormatVersion = 1;
+// Version 2 records per-slice provenance (the header's and each read tensor / expert slice's
+// SHA-256); version 1 recorded the whole file's SHA-256 only. Both are read.
+inline constexpr int64_t kDumpFormatVersion = 2;
 
 struct DumpMeta {
   int64_t format_version = kDumpFormatVersion;
@@ -27,7 +31,8 @@ struct DumpMeta {
   std::vector<std::pair<std::string, std::string>> knobs;
   std::string device;            // "cpu" or the GPU's name
   std::string model_file;        // base name of the GGUF file
-  std::string model_sha256;      // hex SHA-256 of the whole GGUF file
+  std::string model_sha256;         // hex SHA-256 of the whole GGUF file; "" unless asked (--hash-file)
+  std::string model_header_sha256;  // hex SHA-256 of the GGUF header and metadata (version 2)
   MoeConfig config;
   bool has_model_seed = false;   // the GGUF carried the generator's seed key
   uint64_t model_seed = 0;
@@ -46,6 +51,9 @@ struct Dump {
   std::string path;              // where it was read from (messages)
   DumpMeta meta;
   std::vector<LayerTaps> layers; // matches meta.layers
+  // Per layer (matching layers): the SHA-256 of each tensor and expert slice the forward read
+  // (golden/provenance.h); empty when the dump records none (version 1, or tensors from elsewhere).
+  std::vector<std::vector<SliceHash>> slices;
 };
 
 // Writes `path` atomically (temporary "<path>.tmp-<pid>" in the same directory, then rename; the

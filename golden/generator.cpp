@@ -294,7 +294,7 @@ LayerWeights generate_layer(const GenOptions& o, int layer) {
   return w;
 }
 
-void write_model(const GenOptions& o, const std::string& path) {
+std::string write_model(const GenOptions& o, const std::string& path) {
   o.validate();
   const MoeConfig& c = o.config;
   gguf::Writer w;
@@ -331,7 +331,7 @@ void write_model(const GenOptions& o, const std::string& path) {
           [&o, L, p](uint64_t, uint8_t* out, uint64_t) { generate_shared(o, L, p, out); });
     }
   }
-  w.write(path);
+  return w.write(path);
 }
 
 std::vector<uint16_t> generate_input(uint64_t seed, int64_t tokens, int64_t dim) {

@@ -80,8 +80,9 @@ void generate_shared(const GenOptions& o, int layer, Proj p, uint8_t* out);
 
 // One layer in memory (keep_alive owns the buffers); no disk involved.
 LayerWeights generate_layer(const GenOptions& o, int layer);
-// Writes the whole model, streaming each tensor (one expert at a time for the stacks).
-void write_model(const GenOptions& o, const std::string& path);
+// Writes the whole model, streaming each tensor (one expert at a time for the stacks); returns
+// the file's SHA-256 (hex), computed as it is written.
+std::string write_model(const GenOptions& o, const std::string& path);
 
 // Token inputs x [tokens, dim] bf16, ~N(0, 1), from a seed of their own.
 std::vector<uint16_t> generate_input(uint64_t seed, int64_t tokens, int64_t dim);

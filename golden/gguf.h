@@ -118,6 +118,9 @@ class Reader {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find_tensor(std::string_view name) const;
 
+  // The file's first data_offset() bytes: header, metadata, tensor infos and the padding before
+  // the data section (valid while any copy of this Reader or `owner()` lives).
+  const uint8_t* header_bytes() const { return base_; }
   // The tensor's bytes inside the mapping (valid while any copy of this Reader or `owner()` lives).
   const uint8_t* data(const TensorInfo& t) const { return base_ + data_offset_ + t.offset; }
   const uint8_t* bytes() const { return base_; }
@@ -169,8 +172,8 @@ class Writer {
   uint64_t file_size() const;
 
   // Writes `path + ".tmp-<pid>"`, then renames it to `path`; on any failure the temporary is
-  // removed and the error rethrown.
-  void write(const std::string& path) const;
+  // removed and the error rethrown. Returns the file's SHA-256 (hex), computed as it is written.
+  std::string write(const std::string& path) const;
 
  private:
   std::vector<uint8_t> header_bytes() const;

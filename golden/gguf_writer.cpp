@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "golden/gguf.h"
+#include "golden/sha256.h"
 
 namespace moecheck::gguf {
 
@@ -140,14 +141,16 @@ uint64_t Writer::file_size() const {
   return n;
 }
 
-void Writer::write(const std::string& path) const {
+std::string Writer::write(const std::string& path) const {
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) throw InputError(path + ": cannot create " + tmp + ": " + std::strerror(errno));
+  Sha256 digest;  // of the bytes as they go out: the file's SHA-256 with no second pass
   try {
     auto put = [&](const uint8_t* p, uint64_t n) {
       if (n > 0 && std::fwrite(p, 1, static_cast<size_t>(n), f) != n)
         throw InputError(path + ": write to " + tmp + " failed: " + std::strerror(errno));
+      digest.update(p, static_cast<size_t>(n));
     };
     const std::vector<uint8_t> header = header_bytes();
     put(header.data(), header.size());
@@ -186,6 +189,7 @@ void Writer::write(const std::string& path) const {
     std::remove(tmp.c_str());
     throw;
   }
+  return to_hex(digest.finish());
 }
 
 }  // namespace moecheck::gguf

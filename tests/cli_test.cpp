@@ -15,6 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "golden/dump.h"
+#include "golden/model_file.h"
+#include "golden/sha256.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -183,7 +187,7 @@ TEST_F(Cli, IncomparableDumpsAreRefused) {
   ASSERT_EQ(run("run --impl emu --model " + p("tiny2.gguf") + " -o " + p("other_model.h5")).code, 0);
   Result m = run("diff " + p("emu.h5") + " " + p("other_model.h5"));
   EXPECT_CODE(m, 2);
-  EXPECT_HAS(m.err, "different model files (attribute model_sha256)");
+  EXPECT_HAS(m.err, "different weights: blk.0.ffn_gate_inp.weight has sha256");
   ASSERT_EQ(run("run --impl emu --model " + p("tiny.gguf") + " --tokens 4 -o " + p("t4.h5")).code, 0);
   Result t = run("diff " + p("emu.h5") + " " + p("t4.h5"));
   EXPECT_CODE(t, 2);
@@ -269,6 +273,47 @@ TEST_F(Cli, InspectShowsModelAndDump) {
   Result j = run("inspect " + p("emu.h5") + " --json");
   EXPECT_CODE(j, 0);
   EXPECT_HAS(j.out, "\"kind\":\"dump\"");
+}
+
+// Provenance: each dump records the SHA-256 of the header and of every tensor and expert slice
+// its run read; the whole file's only with --hash-file (then equal to what gen printed). A model
+// that differs only where neither run read (here: the header, through another alignment) is
+// compared, and said to differ there; --model must hold every slice the dump recorded.
+TEST_F(Cli, ProvenanceIsPerSliceAndTheWholeFileOnlyWhenAsked) {
+  using namespace moecheck;
+  Result g = run("gen --preset tiny --layers 2 --seed 1 -o " + p("again.gguf"));
+  ASSERT_EQ(g.code, 0) << g.err;
+  const std::string sha = g.out.substr(g.out.find("sha256 ") + 7, 64);
+  Result hf = run("run --impl emu --model " + p("tiny.gguf") + " --hash-file -o " + p("hf.h5"));
+  ASSERT_EQ(hf.code, 0) << hf.err;
+  EXPECT_HAS(run("inspect " + p("hf.h5")).out, "whole-file sha256 " + sha);
+  Result i = run("inspect " + p("emu.h5"));
+  EXPECT_HAS(i.out, "whole-file sha256 (not recorded)");
+  EXPECT_HAS(i.out, "tensors read (sha256):");
+  const ModelFile m = ModelFile::open(p("tiny.gguf"));
+  const gguf::TensorInfo* router = m.gguf().find_tensor("blk.1.ffn_gate_inp.weight");
+  ASSERT_NE(router, nullptr);
+  EXPECT_HAS(i.out, "blk.1.ffn_gate_inp.weight" + std::string(44 - 25, ' ') + " " +
+                        sha256_hex(m.gguf().data(*router), router->nbytes));
+  const gguf::TensorInfo* gate = m.gguf().find_tensor("blk.0.ffn_gate_exps.weight");
+  const Dump d = read_dump(p("emu.h5"));
+  const SliceHash& first_expert = d.slices[0][5];  // router, bias, 3 shared, then the first expert's gate
+  ASSERT_EQ(first_expert.tensor, LayerTensor::kGateExps);
+  const uint64_t stride = gate->nbytes / 16;
+  EXPECT_EQ(first_expert.sha256,
+            sha256_hex(m.gguf().data(*gate) + stride * static_cast<uint64_t>(first_expert.expert), stride));
+
+  ASSERT_EQ(run("gen --preset tiny --layers 2 --seed 1 --alignment 64 -o " + p("a64.gguf")).code, 0);
+  ASSERT_EQ(run("run --impl emu --model " + p("a64.gguf") + " --tokens 8 --taps -o " + p("a64.h5")).code, 0);
+  Result df = run("diff " + p("emu.h5") + " " + p("a64.h5"));
+  EXPECT_CODE(df, 0);
+  EXPECT_HAS(df.out, "same tensors:");
+  EXPECT_HAS(df.out, "the GGUF headers differ");
+  EXPECT_CODE(run("diff " + p("emu.h5") + " " + p("a64.h5") + " --model " + p("a64.gguf")), 0);
+  ASSERT_EQ(run("gen --preset tiny --layers 2 --seed 5 -o " + p("seed5.gguf")).code, 0);
+  Result wrong = run("diff " + p("emu.h5") + " " + p("emu.h5") + " --model " + p("seed5.gguf"));
+  EXPECT_CODE(wrong, 2);
+  EXPECT_HAS(wrong.err, "--model is not the model of");
 }
 
 TEST_F(Cli, CommittedGoldenSetVerifies) {

@@ -272,5 +272,48 @@ TEST(DumpDiff, IncomparableDumpsAreRefusedWithTheField) {
   refused(b, "different layer lists (attribute layers): [0] vs [0,1]");
 }
 
+// Provenance (golden/provenance.h): slices both dumps read must agree; slices only one side read
+// and files that differ elsewhere do not stop the comparison; the report says which it was.
+TEST(DumpDiff, SliceProvenanceDecidesComparability) {
+  Dump a = make_dump(small_config(), 2, {0}, 1, false);
+  a.meta.model_sha256.clear();
+  a.meta.model_header_sha256 = std::string(64, '1');
+  const std::string h1(64, 'a'), h2(64, 'b'), h3(64, 'c');
+  a.slices = {{{LayerTensor::kRouter, -1, h1}, {LayerTensor::kGateExps, 3, h2}}};
+  Dump b = a;
+  b.slices = {{{LayerTensor::kRouter, -1, h1}, {LayerTensor::kGateExps, 5, h3}}};
+  b.meta.model_header_sha256 = std::string(64, '2');
+  const DiffReport r = diff_dumps(a, b, DiffOptions{});
+  EXPECT_TRUE(r.same);
+  EXPECT_EQ(r.model.kind, "slices");
+  EXPECT_EQ(r.model.common, 1);
+  EXPECT_EQ(r.model.only_a, std::vector<std::string>{"blk.0.ffn_gate_exps.weight[expert 3]"});
+  EXPECT_EQ(r.model.only_b, std::vector<std::string>{"blk.0.ffn_gate_exps.weight[expert 5]"});
+  EXPECT_TRUE(r.model.header_differs);
+  EXPECT_NE(r.model.note.find("the GGUF headers differ"), std::string::npos) << r.model.note;
+  // The same slice with another digest: refused, naming the slice and both digests.
+  b.slices[0][1] = {LayerTensor::kGateExps, 3, h3};
+  try {
+    diff_dumps(a, b, DiffOptions{});
+    ADD_FAILURE() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("different weights: blk.0.ffn_gate_exps.weight[expert 3] has sha256 " + h2 +
+                                         " in A, " + h3 + " in B"),
+              std::string::npos)
+        << e.what();
+  }
+  // One side records only the whole file's digest (a version 1 dump): compared, reported unverified.
+  Dump v1 = make_dump(small_config(), 2, {0}, 1, false);
+  v1.meta.model_sha256 = std::string(64, 'f');
+  const DiffReport u = diff_dumps(v1, a, DiffOptions{});
+  EXPECT_EQ(u.model.kind, "unverified");
+  EXPECT_NE(u.model.note.find("A records the whole-file digest only, B slice digests"), std::string::npos)
+      << u.model.note;
+  // Equal whole-file digests settle it whatever else is recorded.
+  Dump c = a, d = b;
+  c.meta.model_sha256 = d.meta.model_sha256 = std::string(64, 'e');
+  EXPECT_EQ(diff_dumps(c, d, DiffOptions{}).model.kind, "file");
+}
+
 }  // namespace
 }  // namespace moecheck

@@ -69,6 +69,7 @@ void expect_same_dump(const Dump& a, const Dump& b) {
   EXPECT_EQ(x.device, y.device);
   EXPECT_EQ(x.model_file, y.model_file);
   EXPECT_EQ(x.model_sha256, y.model_sha256);
+  EXPECT_EQ(x.model_header_sha256, y.model_header_sha256);
   EXPECT_TRUE(x.config == y.config);
   EXPECT_EQ(x.has_model_seed, y.has_model_seed);
   EXPECT_EQ(x.model_seed, y.model_seed);
@@ -94,6 +95,14 @@ void expect_same_dump(const Dump& a, const Dump& b) {
     for (size_t e = 0; e < s.experts.size(); ++e) expect_same_expert(s.experts[e], t.experts[e], w + " expert");
     expect_same_expert(s.shared, t.shared, w + " shared");
   }
+  ASSERT_EQ(a.slices.size(), b.slices.size());
+  for (size_t i = 0; i < a.slices.size(); ++i) {
+    ASSERT_EQ(a.slices[i].size(), b.slices[i].size()) << "layer " << i << " provenance";
+    for (size_t k = 0; k < a.slices[i].size(); ++k) {
+      EXPECT_TRUE(a.slices[i][k].same_slice(b.slices[i][k])) << "layer " << i << " slice " << k;
+      EXPECT_EQ(a.slices[i][k].sha256, b.slices[i][k].sha256) << "layer " << i << " slice " << k;
+    }
+  }
 }
 
 TEST_F(DumpTest, RoundTripIsIdentity_T3_E8_K2_dim256_taps) {
@@ -105,6 +114,11 @@ TEST_F(DumpTest, RoundTripIsIdentity_T3_E8_K2_dim256_taps) {
   d.layers[0].acc[5] = bits_f32(0x00000001u);  // smallest subnormal
   d.layers[1].experts[0].down[7] = -std::numeric_limits<float>::infinity();
   d.meta.knobs.emplace_back("shared_side_stream", "on");
+  // Provenance: per layer the tensors and expert slices read, with their digests.
+  d.meta.model_header_sha256 = std::string(64, '7');
+  d.slices.resize(d.layers.size());
+  d.slices[0] = {{LayerTensor::kRouter, -1, std::string(64, 'a')}, {LayerTensor::kDownExps, 7, std::string(64, 'b')}};
+  d.slices[2] = {{LayerTensor::kBias, -1, "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}};
   write_dump(path("a.h5"), d);
   const Dump r = read_dump(path("a.h5"));
   expect_same_dump(d, r);
@@ -200,6 +214,17 @@ TEST_F(DumpTest, ReaderNamesMissingDatasetAttributeAndWrongType) {
     H5Fclose(f);
   }
   expect_read_error(p, "token 1: expert id 99 outside [0, 8)");
+}
+
+// The committed golden set is format version 1 (whole-file digest, no per-slice provenance):
+// still read, with no slices and the whole file's digest.
+TEST_F(DumpTest, Version1DumpsStillRead_CommittedGoldens) {
+  const Dump d = read_dump(std::string(MOECHECK_SOURCE_DIR) + "/golden/data/tiny_emu.h5");
+  EXPECT_EQ(d.meta.format_version, 1);
+  EXPECT_TRUE(d.slices.empty());
+  EXPECT_EQ(d.meta.model_sha256.size(), 64u);
+  EXPECT_TRUE(d.meta.model_header_sha256.empty());
+  EXPECT_EQ(d.layers.size(), 2u);
 }
 
 TEST_F(DumpTest, ReaderRejectsMissingTruncatedAndForeignFiles) {

@@ -27,6 +27,7 @@ struct CheckArgs {
   std::string precision = "model";
   std::string keep;
   bool json = false;
+  bool hash_file = false;
 };
 
 // The implementations asked for, in the order they run.
@@ -85,7 +86,7 @@ int run_check(const CheckArgs& a, bool impls_given) {
     model_note = "embedded default (preset " + o.preset + ", " + std::to_string(o.n_layers) + " layers, seed " +
                  std::to_string(o.seed) + ")";
   }
-  const LoadedModel m = load_model(model_path);
+  const LoadedModel m = load_model(model_path, a.hash_file);
   CheckInputs in;
   run_impls(m, a, impls_given, in);
   if (!a.keep.empty()) {
@@ -128,6 +129,7 @@ void add_check(CLI::App& app, int& rc) {
   s->add_option("--precision", a->precision, "precision of the reference run whose NMSE is shown (the verdict always uses Exact)")->check(CLI::IsMember({"model", "exact"}))
       ->capture_default_str();
   s->add_option("--keep", a->keep, "write each implementation's dump (with taps) into this directory");
+  s->add_flag("--hash-file", a->hash_file, "also record the whole model file's SHA-256 in the dumps (reads the whole file)");
   s->add_flag("--json", a->json, "machine-readable output");
   s->callback([a, impls, &rc] { rc = run_check(*a, impls->count() > 0); });
 }

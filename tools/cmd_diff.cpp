@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "compare/dump_diff.h"
+#include "golden/sha256.h"
 #include "tools/commands.h"
 #include "tools/report.h"
 #include "tools/runner.h"
@@ -21,6 +22,29 @@ struct DiffArgs {
   bool json = false;
   std::string model;
 };
+
+// --model must be the model dump A ran on: every tensor and expert slice A recorded has the
+// same SHA-256 in the file (a version 1 dump, which recorded only the whole file's digest, is
+// checked against the whole file).
+void require_model_of(const LoadedModel& m, const Dump& A) {
+  const std::string not_it = m.path + ": --model is not the model of " + A.path + ": ";
+  if (A.slices.empty()) {
+    const std::string sha = sha256_file(m.path);
+    if (sha != A.meta.model_sha256)
+      throw InputError(not_it + "sha256 " + sha + ", the dump records " + A.meta.model_sha256);
+    return;
+  }
+  for (size_t li = 0; li < A.slices.size(); ++li) {
+    const int L = A.meta.layers[li];
+    if (L >= m.file.n_layers()) throw InputError(not_it + "it has no layer " + std::to_string(L));
+    for (const SliceHash& h : A.slices[li]) {
+      const std::string got = m.hasher->slice(L, h.tensor, h.expert);
+      if (got != h.sha256)
+        throw InputError(not_it + slice_name(L, h.tensor, h.expert) + " has sha256 " + got + ", the dump records " +
+                         h.sha256);
+    }
+  }
+}
 
 struct Given {
   CLI::Option *ulp, *rtol, *atol, *nmse;
@@ -51,9 +75,7 @@ int run_diff(const DiffArgs& a, const Given& g) {
   std::vector<std::vector<float>> bias;
   if (!a.model.empty()) {
     m = std::make_unique<LoadedModel>(load_model(a.model));
-    if (m->sha256 != A.meta.model_sha256)
-      throw InputError(a.model + ": --model is not the model of " + a.a + " (sha256 " + m->sha256 + ", the dump records " +
-                       A.meta.model_sha256 + ")");
+    require_model_of(*m, A);
     bias.resize(static_cast<size_t>(m->file.n_layers()));
     for (int L : A.meta.layers) {
       const LayerWeights w = m->file.layer(L);

@@ -4,7 +4,6 @@
 #include <memory>
 
 #include "golden/generator.h"
-#include "golden/sha256.h"
 #include "tools/commands.h"
 #include "tools/json.h"
 
@@ -32,8 +31,7 @@ int run_gen(const GenArgs& a) {
   else if (a.blocks == "quantized") o.blocks = ExpertBlocks::kQuantized;
   o.alignment = a.alignment;
   o.validate();
-  write_model(o, a.out);
-  const std::string sha = sha256_file(a.out);
+  const std::string sha = write_model(o, a.out);  // hashed as written: no second pass
   const MoeConfig& c = o.config;
   if (a.json) {
     Json j;

@@ -10,7 +10,6 @@
 #include "golden/generator.h"
 #include "compare/golden_verify.h"
 #include "golden/golden_set.h"
-#include "golden/sha256.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 #include "tools/report.h"
@@ -43,8 +42,10 @@ LoadedModel regenerate(const GoldenModel& g, const TempDir& tmp) {
   o.seed = g.seed;
   o.validate();
   const std::string path = tmp.path() + "/" + g.name + ".gguf";
-  write_model(o, path);
-  return load_model(path);
+  const std::string sha = write_model(o, path);
+  LoadedModel m = load_model(path);
+  m.sha256 = sha;  // the whole file's SHA-256, computed as it was written: the manifest records it
+  return m;
 }
 
 int golden_verify(const GoldenArgs& a) {

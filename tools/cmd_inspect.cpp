@@ -109,6 +109,7 @@ int inspect_dump(const InspectArgs& a) {
     j.begin_object().kv("file", a.file).kv("kind", "dump").kv("format_version", m.format_version);
     j.kv("tool_version", m.tool_version).kv("git_commit", m.git_commit).kv("implementation", m.implementation);
     j.kv("variant", m.variant).kv("device", m.device).kv("model_file", m.model_file).kv("model_sha256", m.model_sha256);
+    j.kv("model_header_sha256", m.model_header_sha256);
     if (m.has_model_seed) j.kv("model_seed", m.model_seed);
     j.kv("input_source", m.input_source).kv("input_seed", m.input_seed).kv("tokens", T).kv("taps", m.taps);
     config_lines(c, &j);
@@ -117,14 +118,17 @@ int inspect_dump(const InspectArgs& a) {
     std::printf("%s: moecheck dump format %lld, %s (%s) on %s, tool %s (%s)\n", a.file.c_str(),
                 static_cast<long long>(m.format_version), m.implementation.c_str(), m.variant.c_str(), m.device.c_str(),
                 m.tool_version.c_str(), m.git_commit.c_str());
-    std::printf("model: %s sha256 %s%s\n", m.model_file.c_str(), m.model_sha256.c_str(),
+    std::printf("model: %s, whole-file sha256 %s, header sha256 %s%s\n", m.model_file.c_str(),
+                m.model_sha256.empty() ? "(not recorded)" : m.model_sha256.c_str(),
+                m.model_header_sha256.empty() ? "(not recorded)" : m.model_header_sha256.c_str(),
                 m.has_model_seed ? (", generator seed " + std::to_string(m.model_seed)).c_str() : "");
     std::printf("input: %s%s, %lld token(s), %s\n", m.input_source.c_str(),
                 m.input_source.rfind("seed", 0) == 0 ? (" " + std::to_string(m.input_seed)).c_str() : "",
                 static_cast<long long>(T), m.taps ? "every stage (taps)" : "basic stages");
     config_lines(c, nullptr);
   }
-  for (const LayerTaps& t : d.layers) {
+  for (size_t li = 0; li < d.layers.size(); ++li) {
+    const LayerTaps& t = d.layers[li];
     std::vector<std::pair<std::string, std::string>> st = {
         {"input", shape({T, c.dim}) + " bfloat16"}, {"router_logits", shape({T, c.n_routed}) + " float32"},
         {"topk_ids", shape({T, c.topk}) + " int32"}, {"topk_weights", shape({T, c.topk}) + " float32"}};
@@ -138,13 +142,21 @@ int inspect_dump(const InspectArgs& a) {
     if (!t.shared.tokens.empty()) st.emplace_back("shared", "gate/up/h " + shape({T, c.inter}) + ", down " + shape({T, c.dim}));
     if (!t.acc.empty()) st.emplace_back("acc", shape({T, c.dim}) + " float32");
     st.emplace_back("output", shape({T, c.dim}) + " bfloat16");
+    const std::vector<SliceHash> none;
+    const std::vector<SliceHash>& slices = d.slices.empty() ? none : d.slices[li];
     if (a.json) {
       j.begin_object().kv("layer", t.layer).key("datasets").begin_object();
       for (const auto& [k, v] : st) j.kv(k, v);
-      j.end_object().end_object();
+      j.end_object().key("tensors_read").begin_array();
+      for (const SliceHash& h : slices)
+        j.begin_object().kv("tensor", slice_name(t.layer, h.tensor, h.expert)).kv("sha256", h.sha256).end_object();
+      j.end_array().end_object();
     } else {
       std::printf("/layers/%d:\n", t.layer);
       for (const auto& [k, v] : st) std::printf("  %-14s %s\n", k.c_str(), v.c_str());
+      if (!slices.empty()) std::printf("  tensors read (sha256):\n");
+      for (const SliceHash& h : slices)
+        std::printf("    %-44s %s\n", slice_name(t.layer, h.tensor, h.expert).c_str(), h.sha256.c_str());
     }
   }
   if (a.json) {

@@ -30,6 +30,7 @@ struct RunArgs {
   int warps = 8;
   std::string shared_side = "on";
   bool json = false;
+  bool hash_file = false;
 };
 
 int run_run(const RunArgs& a, bool input_seed_given) {
@@ -47,7 +48,7 @@ int run_run(const RunArgs& a, bool input_seed_given) {
   spec.input.dump_path = a.input;
   spec.input.chain = a.chain;
   spec.taps = a.taps;
-  const LoadedModel m = load_model(a.model);
+  const LoadedModel m = load_model(a.model, a.hash_file);
   Dump d;
   {
     Progress p("run " + a.impl, static_cast<int64_t>(spec.layers.empty() ? m.file.n_layers() : spec.layers.size()),
@@ -99,6 +100,9 @@ void add_run(CLI::App& app, int& rc) {
       ->capture_default_str();
   s->add_option("--shared-side", a->shared_side, "cuda: shared expert on a side stream on | off")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
+  s->add_flag("--hash-file", a->hash_file,
+              "also record the whole model file's SHA-256 (reads the whole file; the tensors and expert slices the "
+              "run read are always recorded)");
   s->add_flag("--json", a->json, "machine-readable output");
   s->callback([a, seed, &rc] { rc = run_run(*a, seed->count() > 0); });
 }

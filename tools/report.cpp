@@ -64,6 +64,14 @@ std::string mismatch_line(const Mismatch& m, const std::string& dtype) {
 std::string diff_text(const DiffReport& r) {
   std::string o = "diff " + r.a_path + " (A) vs " + r.b_path + " (B): tolerance " + r.tolerance.describe() +
                   "; NMSE = sum (a-b)^2 / sum a^2 (A's energy)\n";
+  o += "weights: " + r.model.note + "\n";
+  for (const auto* list : {&r.model.only_a, &r.model.only_b}) {
+    if (list->empty()) continue;
+    o += std::string("  read by ") + (list == &r.model.only_a ? "A" : "B") + " only:";
+    for (size_t i = 0; i < list->size() && i < 6; ++i) o += " " + (*list)[i];
+    if (list->size() > 6) o += " ... (" + std::to_string(list->size()) + " in all)";
+    o += "\n";
+  }
   if (!r.note.empty()) o += "note: " + r.note + "\n";
   int failing = 0;
   for (const LayerDiff& l : r.layers) {
@@ -111,6 +119,12 @@ std::string diff_text(const DiffReport& r) {
 void diff_json(Json& j, const DiffReport& r) {
   j.begin_object();
   j.kv("a", r.a_path).kv("b", r.b_path).kv("tolerance", r.tolerance.describe()).kv("same", r.same).kv("note", r.note);
+  j.key("weights").begin_object().kv("kind", r.model.kind).kv("common_slices", r.model.common);
+  j.kv("header_differs", r.model.header_differs).kv("note", r.model.note).key("only_a").begin_array();
+  for (const std::string& n : r.model.only_a) j.value(n);
+  j.end_array().key("only_b").begin_array();
+  for (const std::string& n : r.model.only_b) j.value(n);
+  j.end_array().end_object();
   j.key("layers").begin_array();
   for (const LayerDiff& l : r.layers) {
     j.begin_object().kv("layer", l.layer).kv("same", l.pass).kv("first_failing", l.pass ? "" : stage_name(l.first_failing));

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "golden/generator.h"
+#include "golden/sha256.h"
 #include "tools/progress.h"
 
 #include "emulate/moe_layer.h"
@@ -55,11 +56,11 @@ bool impl_available(Impl i, std::string* why) {
   return false;
 }
 
-LoadedModel load_model(const std::string& path) {
+LoadedModel load_model(const std::string& path, bool hash_file) {
   if (!std::filesystem::exists(path)) throw InputError(path + ": model file does not exist");
-  ModelFile f = ModelFile::open(path);
-  std::string sha = sha256_file(path);
-  return LoadedModel{path, std::move(f), std::move(sha)};
+  LoadedModel m{path, ModelFile::open(path), hash_file ? sha256_file(path) : "", nullptr};
+  m.hasher = std::make_unique<SliceHasher>(m.file);
+  return m;
 }
 
 uint64_t input_layer_seed(uint64_t seed, int layer) {
@@ -165,6 +166,7 @@ DumpMeta make_meta(const LoadedModel& m, const RunSpec& spec) {
   }
   meta.model_file = std::filesystem::path(m.path).filename().string();
   meta.model_sha256 = m.sha256;
+  meta.model_header_sha256 = m.hasher->header();
   meta.config = m.file.config();
   if (m.file.provenance()) {
     meta.has_model_seed = true;
@@ -237,6 +239,7 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
       taps.shared = ExpertTaps{};
       taps.acc.clear();
     }
+    d.slices.push_back(m.hasher->layer_slices(L, experts_used(taps.topk_ids)));
     carried = std::move(y);
     d.meta.layers.push_back(L);
     d.layers.push_back(std::move(taps));

@@ -5,12 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "emulate/router_gemv.h"
 #include "golden/dump.h"
 #include "golden/model_file.h"
+#include "golden/provenance.h"
 
 namespace moecheck::cli {
 
@@ -49,13 +51,16 @@ struct RunSpec {
   bool taps = false;
 };
 
-// An opened model with its identity, shared by several runs.
+// An opened model with its identity, shared by several runs: the slice hasher caches the SHA-256
+// of every tensor and expert slice a run read (golden/provenance.h), so several runs hash each
+// once. The whole file's SHA-256 is computed only when asked (hash_file).
 struct LoadedModel {
   std::string path;
   ModelFile file;
-  std::string sha256;
+  std::string sha256;  // whole file; "" unless hash_file
+  std::unique_ptr<SliceHasher> hasher;
 };
-LoadedModel load_model(const std::string& path);
+LoadedModel load_model(const std::string& path, bool hash_file = false);
 
 // The per-layer input seed: stream_key(seed, layer, 0x696e707574 ("input"), 0) of golden/generator.h.
 uint64_t input_layer_seed(uint64_t seed, int layer);

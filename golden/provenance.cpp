@@ -1,0 +1,86 @@
+// Per-tensor and per-expert-slice SHA-256 of a model file (golden/provenance.h). A stacked
+// tensor's expert e is the byte range [e * nbytes / n_experts, (e + 1) * nbytes / n_experts) of
+// the tensor (llama.cpp's layout: ne[2] experts of ne[0] x ne[1]).
+#include "golden/provenance.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "golden/sha256.h"
+
+namespace moecheck {
+namespace {
+
+bool is_stack(LayerTensor t) {
+  return t == LayerTensor::kGateExps || t == LayerTensor::kUpExps || t == LayerTensor::kDownExps;
+}
+
+}  // namespace
+
+std::string slice_name(int layer, LayerTensor t, int32_t expert) {
+  std::string s = tensor_name(layer, t);
+  if (expert >= 0) s += "[expert " + std::to_string(expert) + "]";
+  return s;
+}
+
+int32_t tensor_code(LayerTensor t) { return static_cast<int32_t>(t); }
+
+bool tensor_from_code(int32_t code, LayerTensor* out) {
+  for (LayerTensor t : kLayerTensors) {
+    if (tensor_code(t) == code) {
+      *out = t;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string SliceHasher::header() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (header_.empty()) header_ = sha256_hex(m_.gguf().header_bytes(), static_cast<size_t>(m_.gguf().data_offset()));
+  return header_;
+}
+
+std::string SliceHasher::slice(int layer, LayerTensor t, int32_t expert) {
+  const auto key = std::make_tuple(layer, tensor_code(t), expert);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+  }
+  const std::string name = tensor_name(layer, t);
+  const gguf::TensorInfo* ti = m_.gguf().find_tensor(name);
+  if (ti == nullptr) throw InputError(m_.path() + ": tensor \"" + name + "\" is missing");
+  const uint8_t* p = m_.gguf().data(*ti);
+  uint64_t n = ti->nbytes;
+  if (expert >= 0) {
+    const int64_t n_exp = ti->n_dims == 3 ? ti->ne[2] : 0;
+    if (!is_stack(t) || expert >= n_exp)
+      throw InputError(m_.path() + ": tensor \"" + name + "\" has no expert " + std::to_string(expert));
+    n = ti->nbytes / static_cast<uint64_t>(n_exp);
+    p += static_cast<uint64_t>(expert) * n;
+  }
+  const std::string h = sha256_hex(p, static_cast<size_t>(n));
+  std::lock_guard<std::mutex> lock(mu_);
+  cache_[key] = h;
+  return h;
+}
+
+std::vector<SliceHash> SliceHasher::layer_slices(int layer, const std::vector<int32_t>& experts) {
+  std::vector<SliceHash> out;
+  for (LayerTensor t : {LayerTensor::kRouter, LayerTensor::kBias, LayerTensor::kGateShexp, LayerTensor::kUpShexp,
+                        LayerTensor::kDownShexp})
+    out.push_back({t, -1, slice(layer, t, -1)});
+  for (int32_t e : experts)
+    for (LayerTensor t : {LayerTensor::kGateExps, LayerTensor::kUpExps, LayerTensor::kDownExps})
+      out.push_back({t, e, slice(layer, t, e)});
+  return out;
+}
+
+std::vector<int32_t> experts_used(const std::vector<int32_t>& topk_ids) {
+  std::vector<int32_t> e(topk_ids);
+  std::sort(e.begin(), e.end());
+  e.erase(std::unique(e.begin(), e.end()), e.end());
+  return e;
+}
+
+}  // namespace moecheck

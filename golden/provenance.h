@@ -1,0 +1,58 @@
+// Provenance that scales to a 200 GB model: SHA-256 over what a run actually read, not over the
+// whole file. Digests of the GGUF header (metadata and tensor infos), of each layer's router,
+// bias and shared expert, and of each expert slice (layer, expert, projection) a forward used;
+// each computed once per model and cached. Dumps record them per layer (docs/golden-format.md
+// "Provenance"); `diff` compares the slices both dumps recorded. Contract: docs/golden-format.md.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "golden/model_file.h"
+
+namespace moecheck {
+
+// One hashed piece of a layer: a whole tensor (expert -1) or one expert of a stacked tensor.
+struct SliceHash {
+  LayerTensor tensor = LayerTensor::kRouter;
+  int32_t expert = -1;
+  std::string sha256;  // 64 lower-case hex digits
+
+  bool same_slice(const SliceHash& o) const { return tensor == o.tensor && expert == o.expert; }
+};
+
+// "blk.3.ffn_gate_exps.weight[expert 17]" or "blk.3.ffn_gate_inp.weight".
+std::string slice_name(int layer, LayerTensor t, int32_t expert);
+// The stable code of a tensor in dumps (its LayerTensor order: 0 = ffn_gate_inp ... 7 =
+// ffn_down_shexp) and back; false for an unknown code.
+int32_t tensor_code(LayerTensor t);
+bool tensor_from_code(int32_t code, LayerTensor* out);
+
+class SliceHasher {
+ public:
+  explicit SliceHasher(ModelFile m) : m_(std::move(m)) {}
+
+  // The GGUF header: bytes [0, data offset) of the file.
+  std::string header();
+  // One tensor of layer L (expert < 0) or one expert's slice of a stacked tensor.
+  std::string slice(int layer, LayerTensor t, int32_t expert);
+  // What a forward of layer L read: router, bias, the shared expert's three tensors, and the gate,
+  // up and down slices of each of `experts` (ascending, distinct), in that order.
+  std::vector<SliceHash> layer_slices(int layer, const std::vector<int32_t>& experts);
+
+ private:
+  ModelFile m_;  // a copy: it shares the mapping, so the hasher outlives any one owner
+  std::mutex mu_;
+  std::string header_;
+  std::map<std::tuple<int, int, int32_t>, std::string> cache_;
+};
+
+// The distinct experts of a routing's picks, ascending.
+std::vector<int32_t> experts_used(const std::vector<int32_t>& topk_ids);
+
+}  // namespace moecheck
