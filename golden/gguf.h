@@ -127,6 +127,7 @@ class Reader {
   std::shared_ptr<const void> owner() const { return owner_; }
 
  private:
+  friend class Parser;  // golden/gguf_reader.cpp: the parse, one part of the file per step
   static Reader parse(std::shared_ptr<const void> owner, const uint8_t* base, uint64_t size,
                       const std::string& name);
 

@@ -163,6 +163,157 @@ Reader Reader::from_bytes(std::vector<uint8_t> bytes, const std::string& name) {
   return parse(std::move(owned), base, size, name);
 }
 
+// The steps of Reader::parse, each reading one part of the file through the bounds-checked
+// cursor and failing with the file offset and the field.
+class Parser {
+ public:
+  Parser(Reader& r, Cursor& c) : r_(r), c_(c) {}
+
+  void header() {
+    const uint8_t* base = r_.base_;
+    c_.need(4, "magic");
+    if (std::memcmp(base, "GGUF", 4) != 0) {
+      char found[32];
+      std::snprintf(found, sizeof found, "%02x %02x %02x %02x", base[0], base[1], base[2], base[3]);
+      c_.fail(0, std::string("magic: expected \"GGUF\" (47 47 55 46), found ") + found);
+    }
+    c_.uint(4, "magic");
+    r_.version_ = c_.u32("version");
+    if (r_.version_ != kVersion) {
+      // ggml's test: a byte-swapped file has its version in the high half.
+      if ((r_.version_ & 0xFFFFu) == 0 && r_.version_ != 0)
+        c_.fail(4, "version: " + std::to_string(r_.version_) +
+                       " is a byte-swapped (big-endian) GGUF; only little-endian files are supported");
+      c_.fail(4, "version: expected 3, found " + std::to_string(r_.version_));
+    }
+    n_tensors_ = c_.u64("tensor_count");
+    n_kv_ = c_.u64("kv_count");
+    if (n_tensors_ > c_.left() / kMinTensorInfoBytes)
+      c_.fail(8, "tensor_count " + std::to_string(n_tensors_) + " needs at least " +
+                     std::to_string(kMinTensorInfoBytes) + " bytes per tensor info, only " +
+                     std::to_string(c_.left()) + " bytes left in the file");
+    if (n_kv_ > (c_.left() - n_tensors_ * kMinTensorInfoBytes) / kMinKvBytes)
+      c_.fail(16, "kv_count " + std::to_string(n_kv_) + " needs at least " + std::to_string(kMinKvBytes) +
+                      " bytes per key-value pair, only " + std::to_string(c_.left()) +
+                      " bytes left in the file besides the tensor infos");
+  }
+
+  void metadata() {
+    r_.kvs_.reserve(static_cast<size_t>(n_kv_));
+    for (uint64_t i = 0; i < n_kv_; ++i) {
+      const std::string field = "kv[" + std::to_string(i) + "]";
+      KeyValue kv;
+      kv.file_offset = c_.pos();
+      kv.key = c_.str(field + " key");
+      if (kv.key.empty()) c_.fail(kv.file_offset, field + " key is empty");
+      if (const auto it = r_.kv_index_.find(kv.key); it != r_.kv_index_.end())
+        c_.fail(kv.file_offset, field + " key \"" + kv.key + "\" duplicates kv[" + std::to_string(it->second) + "]");
+      const std::string vfield = field + " \"" + kv.key + "\"";
+      const uint64_t type_at = c_.pos();
+      const uint32_t t = c_.u32(vfield + " value type");
+      if (t >= kValueTypeCount)
+        c_.fail(type_at, vfield + ": value type id " + std::to_string(t) + " is not a GGUF type (0..12)");
+      const uint64_t value_at = c_.pos();
+      kv.value = read_value(c_, static_cast<ValueType>(t), vfield);
+      if (kv.key == kAlignmentKey) alignment(kv.value, vfield, type_at, value_at);
+      r_.kv_index_.emplace(kv.key, r_.kvs_.size());
+      r_.kvs_.push_back(std::move(kv));
+    }
+  }
+
+  void tensor_infos() {
+    offset_at_.resize(static_cast<size_t>(n_tensors_));
+    r_.tensors_.reserve(static_cast<size_t>(n_tensors_));
+    for (uint64_t i = 0; i < n_tensors_; ++i) {
+      TensorInfo t = tensor_info(i);
+      r_.tensor_index_.emplace(t.name, r_.tensors_.size());
+      r_.tensors_.push_back(std::move(t));
+    }
+  }
+
+  // Every tensor's data inside the file, and no two overlapping.
+  void data_section() {
+    const uint64_t size = r_.size_;
+    r_.data_offset_ = (c_.pos() + r_.alignment_ - 1) / r_.alignment_ * r_.alignment_;
+    for (size_t i = 0; i < r_.tensors_.size(); ++i) {
+      const TensorInfo& t = r_.tensors_[i];
+      const uint64_t avail = r_.data_offset_ <= size ? size - r_.data_offset_ : 0;
+      if (r_.data_offset_ > size || t.offset > avail || t.nbytes > avail - t.offset)
+        c_.fail(offset_at_[i], "tensor[" + std::to_string(i) + "] \"" + t.name + "\": data [" +
+                                   std::to_string(t.offset) + ", +" + std::to_string(t.nbytes) +
+                                   ") relative to the data section at " + std::to_string(r_.data_offset_) +
+                                   " ends past the end of the file (size " + std::to_string(size) + ")");
+    }
+    std::vector<size_t> order(r_.tensors_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    const std::vector<TensorInfo>& ts = r_.tensors_;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return ts[a].offset < ts[b].offset || (ts[a].offset == ts[b].offset && a < b);
+    });
+    for (size_t k = 1; k < order.size(); ++k) {
+      const TensorInfo& prev = ts[order[k - 1]];
+      const TensorInfo& cur = ts[order[k]];
+      if (prev.offset + prev.nbytes > cur.offset)
+        c_.fail(offset_at_[order[k]], "tensor[" + std::to_string(order[k]) + "] \"" + cur.name + "\": data at " +
+                                          std::to_string(cur.offset) + " overlaps tensor[" +
+                                          std::to_string(order[k - 1]) + "] \"" + prev.name + "\" [" +
+                                          std::to_string(prev.offset) + ", " +
+                                          std::to_string(prev.offset + prev.nbytes) + ")");
+    }
+  }
+
+ private:
+  void alignment(const Value& v, const std::string& vfield, uint64_t type_at, uint64_t value_at) {
+    if (v.type != ValueType::kUint32) c_.fail(type_at, vfield + ": must be uint32, found " + type_name(v.type));
+    const uint64_t a = v.bits;
+    if (a == 0 || (a & (a - 1)) != 0) c_.fail(value_at, vfield + ": must be a power of two, found " + std::to_string(a));
+    r_.alignment_ = static_cast<uint32_t>(a);
+  }
+
+  TensorInfo tensor_info(uint64_t i) {
+    const std::string field = "tensor[" + std::to_string(i) + "]";
+    TensorInfo t;
+    t.info_offset = c_.pos();
+    t.name = c_.str(field + " name");
+    if (t.name.empty()) c_.fail(t.info_offset, field + " name is empty");
+    if (t.name.size() > kMaxNameBytes)
+      c_.fail(t.info_offset, field + " name is " + std::to_string(t.name.size()) + " bytes, at most " +
+                                 std::to_string(kMaxNameBytes) + " allowed (ggml GGML_MAX_NAME)");
+    if (const auto it = r_.tensor_index_.find(t.name); it != r_.tensor_index_.end())
+      c_.fail(t.info_offset,
+              field + " name \"" + t.name + "\" duplicates tensor[" + std::to_string(it->second) + "]");
+    const std::string tf = field + " \"" + t.name + "\"";
+    const uint64_t nd_at = c_.pos();
+    t.n_dims = c_.u32(tf + " n_dims");
+    if (t.n_dims == 0 || t.n_dims > kMaxDims)
+      c_.fail(nd_at, tf + ": n_dims must be 1..4, found " + std::to_string(t.n_dims));
+    std::vector<int64_t> ne;
+    for (uint32_t d = 0; d < t.n_dims; ++d) {
+      const uint64_t ne_at = c_.pos();
+      const uint64_t v = c_.u64(tf + " ne[" + std::to_string(d) + "]");
+      if (v == 0 || v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        c_.fail(ne_at, tf + ": ne[" + std::to_string(d) + "] must be in 1..2^63-1, found " + std::to_string(v));
+      t.ne[d] = static_cast<int64_t>(v);
+      ne.push_back(t.ne[d]);
+    }
+    const uint64_t type_at = c_.pos();
+    t.type = c_.u32(tf + " type");
+    if (!type_traits(t.type).name) c_.fail(type_at, tf + ": unknown ggml type id " + std::to_string(t.type));
+    t.nbytes = tensor_nbytes(t.type, ne, r_.name_ + ": offset " + std::to_string(nd_at) + ": " + tf);
+    offset_at_[static_cast<size_t>(i)] = c_.pos();
+    t.offset = c_.u64(tf + " offset");
+    if (t.offset % r_.alignment_ != 0)
+      c_.fail(c_.pos() - 8, tf + ": data offset " + std::to_string(t.offset) +
+                                " is not a multiple of the alignment " + std::to_string(r_.alignment_));
+    return t;
+  }
+
+  Reader& r_;
+  Cursor& c_;
+  uint64_t n_tensors_ = 0, n_kv_ = 0;
+  std::vector<uint64_t> offset_at_;  // where each tensor's offset field sits in the file
+};
+
 Reader Reader::parse(std::shared_ptr<const void> owner, const uint8_t* base, uint64_t size,
                      const std::string& name) {
   Reader r;
@@ -171,130 +322,11 @@ Reader Reader::parse(std::shared_ptr<const void> owner, const uint8_t* base, uin
   r.base_ = base;
   r.size_ = size;
   Cursor c(base, size, r.name_);
-
-  // ---- header ----
-  c.need(4, "magic");
-  if (std::memcmp(base, "GGUF", 4) != 0) {
-    char found[32];
-    std::snprintf(found, sizeof found, "%02x %02x %02x %02x", base[0], base[1], base[2], base[3]);
-    c.fail(0, std::string("magic: expected \"GGUF\" (47 47 55 46), found ") + found);
-  }
-  c.uint(4, "magic");
-  r.version_ = c.u32("version");
-  if (r.version_ != kVersion) {
-    // ggml's test: a byte-swapped file has its version in the high half.
-    if ((r.version_ & 0xFFFFu) == 0 && r.version_ != 0)
-      c.fail(4, "version: " + std::to_string(r.version_) +
-                    " is a byte-swapped (big-endian) GGUF; only little-endian files are supported");
-    c.fail(4, "version: expected 3, found " + std::to_string(r.version_));
-  }
-  const uint64_t n_tensors = c.u64("tensor_count");
-  const uint64_t n_kv = c.u64("kv_count");
-  if (n_tensors > c.left() / kMinTensorInfoBytes)
-    c.fail(8, "tensor_count " + std::to_string(n_tensors) + " needs at least " +
-                  std::to_string(kMinTensorInfoBytes) + " bytes per tensor info, only " +
-                  std::to_string(c.left()) + " bytes left in the file");
-  if (n_kv > (c.left() - n_tensors * kMinTensorInfoBytes) / kMinKvBytes)
-    c.fail(16, "kv_count " + std::to_string(n_kv) + " needs at least " + std::to_string(kMinKvBytes) +
-                   " bytes per key-value pair, only " + std::to_string(c.left()) +
-                   " bytes left in the file besides the tensor infos");
-
-  // ---- metadata ----
-  r.kvs_.reserve(static_cast<size_t>(n_kv));
-  for (uint64_t i = 0; i < n_kv; ++i) {
-    const std::string field = "kv[" + std::to_string(i) + "]";
-    KeyValue kv;
-    kv.file_offset = c.pos();
-    kv.key = c.str(field + " key");
-    if (kv.key.empty()) c.fail(kv.file_offset, field + " key is empty");
-    if (const auto it = r.kv_index_.find(kv.key); it != r.kv_index_.end())
-      c.fail(kv.file_offset, field + " key \"" + kv.key + "\" duplicates kv[" + std::to_string(it->second) + "]");
-    const std::string vfield = field + " \"" + kv.key + "\"";
-    const uint64_t type_at = c.pos();
-    const uint32_t t = c.u32(vfield + " value type");
-    if (t >= kValueTypeCount)
-      c.fail(type_at, vfield + ": value type id " + std::to_string(t) + " is not a GGUF type (0..12)");
-    const uint64_t value_at = c.pos();
-    kv.value = read_value(c, static_cast<ValueType>(t), vfield);
-    if (kv.key == kAlignmentKey) {
-      if (kv.value.type != ValueType::kUint32)
-        c.fail(type_at, vfield + ": must be uint32, found " + type_name(kv.value.type));
-      const uint64_t a = kv.value.bits;
-      if (a == 0 || (a & (a - 1)) != 0)
-        c.fail(value_at, vfield + ": must be a power of two, found " + std::to_string(a));
-      r.alignment_ = static_cast<uint32_t>(a);
-    }
-    r.kv_index_.emplace(kv.key, r.kvs_.size());
-    r.kvs_.push_back(std::move(kv));
-  }
-
-  // ---- tensor infos ----
-  std::vector<uint64_t> offset_at(static_cast<size_t>(n_tensors));
-  r.tensors_.reserve(static_cast<size_t>(n_tensors));
-  for (uint64_t i = 0; i < n_tensors; ++i) {
-    const std::string field = "tensor[" + std::to_string(i) + "]";
-    TensorInfo t;
-    t.info_offset = c.pos();
-    t.name = c.str(field + " name");
-    if (t.name.empty()) c.fail(t.info_offset, field + " name is empty");
-    if (t.name.size() > kMaxNameBytes)
-      c.fail(t.info_offset, field + " name is " + std::to_string(t.name.size()) + " bytes, at most " +
-                                std::to_string(kMaxNameBytes) + " allowed (ggml GGML_MAX_NAME)");
-    if (const auto it = r.tensor_index_.find(t.name); it != r.tensor_index_.end())
-      c.fail(t.info_offset, field + " name \"" + t.name + "\" duplicates tensor[" + std::to_string(it->second) + "]");
-    const std::string tf = field + " \"" + t.name + "\"";
-    const uint64_t nd_at = c.pos();
-    t.n_dims = c.u32(tf + " n_dims");
-    if (t.n_dims == 0 || t.n_dims > kMaxDims)
-      c.fail(nd_at, tf + ": n_dims must be 1..4, found " + std::to_string(t.n_dims));
-    std::vector<int64_t> ne;
-    for (uint32_t d = 0; d < t.n_dims; ++d) {
-      const uint64_t ne_at = c.pos();
-      const uint64_t v = c.u64(tf + " ne[" + std::to_string(d) + "]");
-      if (v == 0 || v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        c.fail(ne_at, tf + ": ne[" + std::to_string(d) + "] must be in 1..2^63-1, found " + std::to_string(v));
-      t.ne[d] = static_cast<int64_t>(v);
-      ne.push_back(t.ne[d]);
-    }
-    const uint64_t type_at = c.pos();
-    t.type = c.u32(tf + " type");
-    if (!type_traits(t.type).name)
-      c.fail(type_at, tf + ": unknown ggml type id " + std::to_string(t.type));
-    t.nbytes = tensor_nbytes(t.type, ne, r.name_ + ": offset " + std::to_string(nd_at) + ": " + tf);
-    offset_at[static_cast<size_t>(i)] = c.pos();
-    t.offset = c.u64(tf + " offset");
-    if (t.offset % r.alignment_ != 0)
-      c.fail(c.pos() - 8, tf + ": data offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
-                              std::to_string(r.alignment_));
-    r.tensor_index_.emplace(t.name, r.tensors_.size());
-    r.tensors_.push_back(std::move(t));
-  }
-
-  // ---- data section ----
-  r.data_offset_ = (c.pos() + r.alignment_ - 1) / r.alignment_ * r.alignment_;
-  for (size_t i = 0; i < r.tensors_.size(); ++i) {
-    const TensorInfo& t = r.tensors_[i];
-    const uint64_t avail = r.data_offset_ <= size ? size - r.data_offset_ : 0;
-    if (r.data_offset_ > size || t.offset > avail || t.nbytes > avail - t.offset)
-      c.fail(offset_at[i], "tensor[" + std::to_string(i) + "] \"" + t.name + "\": data [" +
-                               std::to_string(t.offset) + ", +" + std::to_string(t.nbytes) +
-                               ") relative to the data section at " + std::to_string(r.data_offset_) +
-                               " ends past the end of the file (size " + std::to_string(size) + ")");
-  }
-  std::vector<size_t> order(r.tensors_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return r.tensors_[a].offset < r.tensors_[b].offset || (r.tensors_[a].offset == r.tensors_[b].offset && a < b);
-  });
-  for (size_t k = 1; k < order.size(); ++k) {
-    const TensorInfo& prev = r.tensors_[order[k - 1]];
-    const TensorInfo& cur = r.tensors_[order[k]];
-    if (prev.offset + prev.nbytes > cur.offset)
-      c.fail(offset_at[order[k]], "tensor[" + std::to_string(order[k]) + "] \"" + cur.name + "\": data at " +
-                                      std::to_string(cur.offset) + " overlaps tensor[" + std::to_string(order[k - 1]) +
-                                      "] \"" + prev.name + "\" [" + std::to_string(prev.offset) + ", " +
-                                      std::to_string(prev.offset + prev.nbytes) + ")");
-  }
+  Parser p(r, c);
+  p.header();
+  p.metadata();
+  p.tensor_infos();
+  p.data_section();
   return r;
 }
 
