@@ -16,81 +16,15 @@
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
 #include "cuda/kernels.h"
+#include "cuda/mmvq_tiles.cuh"
 #include "cuda/mmvq_units.cuh"
 #include "core/error.h"
 
 namespace moecheck::cuda {
 namespace {
 
+using namespace mmvq_tiles;
 using namespace mmvq_units;
-
-enum class Form : int { kPlain, kExperts, kGroups };
-
-struct MmvqParams {
-  Form form;
-  const uint8_t* w;             // kPlain
-  const uint8_t* const* table;  // kExperts, kGroups: device slot table
-  const MmvqGroup* groups;      // kGroups
-  const BlockQ8_1* a;
-  bool a_per_expert;            // kExperts
-  float* y;
-  int64_t rows;
-  int64_t K;
-  int64_t T;                    // kPlain
-  int row_bytes;
-  int max_n;                    // every group has at most max_n tokens
-  int64_t n_groups;
-};
-
-// A group's matrix base and token count, and its token rows (activation row, output row).
-// Every thread reads these itself (read-only, cached loads): no thread waits on another's
-// pointer load before it can issue its copies.
-// A slot pointer from the device table through the read-only path.
-__device__ __forceinline__ const uint8_t* load_slot(const uint8_t* const* table, int64_t i) {
-  return reinterpret_cast<const uint8_t*>(__ldg(reinterpret_cast<const unsigned long long*>(table) + i));
-}
-
-struct GroupInfo {
-  const uint8_t* base;
-  int n;
-};
-
-__device__ __forceinline__ GroupInfo group_info(const MmvqParams& p, int64_t group) {
-  if (p.form == Form::kPlain) {
-    const int64_t t0 = group * kMaxGroupRows;
-    return {p.w, static_cast<int>(p.T - t0 < kMaxGroupRows ? p.T - t0 : kMaxGroupRows)};
-  }
-  if (p.form == Form::kExperts) return {load_slot(p.table, group), 1};
-  const MmvqGroup* gr = p.groups + group;
-  const int n = __ldg(&gr->n);
-  if (n < 0 || n > p.max_n) __trap();  // a group larger than the launch was sized for
-  return {load_slot(p.table, __ldg(&gr->slot)), n};
-}
-
-__device__ __forceinline__ int act_row(const MmvqParams& p, int64_t group, int i) {
-  if (p.form == Form::kPlain) return static_cast<int>(group * kMaxGroupRows + i);
-  if (p.form == Form::kExperts) return p.a_per_expert ? static_cast<int>(group) : 0;
-  return __ldg(&p.groups[group].a_row[i]);
-}
-
-__device__ __forceinline__ int out_row(const MmvqParams& p, int64_t group, int i) {
-  if (p.form == Form::kPlain) return static_cast<int>(group * kMaxGroupRows + i);
-  if (p.form == Form::kExperts) return static_cast<int>(group);
-  return __ldg(&p.groups[group].y_row[i]);
-}
-
-// Starts the copy of [s, e) (2-byte aligned) into buf as whole 16-byte aligned chunks: byte x
-// lands at buf[x - align_down(s, 16)]. The chunks at the two ends may cover up to 15 bytes
-// outside the span; an aligned 16-byte chunk never crosses a page, so they are readable, and
-// those bytes are never used.
-template <int kThreads>
-__device__ __forceinline__ void prefetch_span(const uint8_t* s, const uint8_t* e, uint8_t* buf) {
-  const uintptr_t A = reinterpret_cast<uintptr_t>(s) & ~uintptr_t{15};
-  const uintptr_t B = (reinterpret_cast<uintptr_t>(e) + 15) & ~uintptr_t{15};
-  const int nchunk = static_cast<int>((B - A) / 16);
-  const uint8_t* src = reinterpret_cast<const uint8_t*>(A);
-  for (int c = threadIdx.x; c < nchunk; c += kThreads) __pipeline_memcpy_async(buf + 16 * c, src + 16 * c, 16);
-}
 
 // The group's activation rows staged once per block and group: per (token, unit) the 32
 // quants, d8 widened to f32 and the exact sums of the two halves. The quants are stored as two
@@ -275,15 +209,6 @@ __device__ __forceinline__ void compute_tile(const MmvqParams& p, const uint8_t*
   }
 }
 
-// Tile buffers of the kernel with kR rows per warp.
-__host__ __device__ constexpr int mmvq_buffers(int r) { return r == 1 ? 3 : 2; }
-
-// Bytes of one of the tile buffers: W rows plus the alignment slack at both ends (and the funnel's
-// one-word over-read).
-__host__ __device__ constexpr int tile_buffer_bytes(int warps, int row_bytes) {
-  return (warps * row_bytes + 48 + 15) / 16 * 16;
-}
-
 // kR rows per warp (1, or 2 for one-token launches: row_pair), so a tile is kR * kWarps rows.
 // kR = 1: 64 registers at most (1024 threads per SM) and three tile buffers (tiles t + 1 and
 // t + 2 in flight while tile t is computed). kR = 2: 85 registers at most (768 threads per SM)
@@ -305,43 +230,20 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, kR == 1 ? 32 / kWarps : 24
   const int64_t t_begin = tiles * blockIdx.x / gridDim.x, t_end = tiles * (blockIdx.x + 1) / gridDim.x;
   const int n_tiles = static_cast<int>(t_end - t_begin);
 
-  // Tiles are addressed as (group, row block) cursors advanced one step at a time: no 64-bit
-  // division per tile.
-  struct Cursor {
-    int group, rblk;
-  };
-  auto advance = [rb](Cursor c) {
-    if (++c.rblk == rb) {
-      c.rblk = 0;
-      ++c.group;
-    }
-    return c;
-  };
-  auto tile_start = [&](Cursor c, const GroupInfo& gi) {
-    return gi.base + static_cast<int64_t>(c.rblk) * kTileRows * p.row_bytes;
-  };
-  auto tile_rows = [&](Cursor c) {
-    const int64_t left = p.rows - static_cast<int64_t>(c.rblk) * kTileRows;
-    return static_cast<int>(left < kTileRows ? left : kTileRows);
-  };
-  auto issue = [&](Cursor c, const GroupInfo& gi, int k) {
-    const uint8_t* s = tile_start(c, gi);
-    prefetch_span<kThreads>(s, s + static_cast<int64_t>(tile_rows(c)) * p.row_bytes, smem + k * buf_bytes);
-  };
-
-  Cursor c0{static_cast<int>(t_begin / rb), static_cast<int>(t_begin % rb)};
-  Cursor c1 = advance(c0), c2 = advance(c1);
+  const TileWalk<kThreads, kTileRows> walk{p, rb, smem, buf_bytes};
+  TileCursor c0{static_cast<int>(t_begin / rb), static_cast<int>(t_begin % rb)};
+  TileCursor c1 = walk.advance(c0), c2 = walk.advance(c1);
   GroupInfo g0{nullptr, 0}, g1{nullptr, 0}, g2{nullptr, 0};
   if (n_tiles > 0) {
     g0 = group_info(p, c0.group);
-    issue(c0, g0, 0);
+    walk.issue(c0, g0, 0);
   }
   __pipeline_commit();
   constexpr int kBufs = mmvq_buffers(kR);
   if constexpr (kBufs == 3) {
     if (n_tiles > 1) {
       g1 = group_info(p, c1.group);
-      issue(c1, g1, 1);
+      walk.issue(c1, g1, 1);
     }
     __pipeline_commit();
   }
@@ -351,14 +253,14 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, kR == 1 ? 32 / kWarps : 24
     if constexpr (kBufs == 3) {
       if (i + 2 < n_tiles) {
         g2 = group_info(p, c2.group);
-        issue(c2, g2, k == 0 ? 2 : k - 1);  // the buffer tile i - 1 used
+        walk.issue(c2, g2, k == 0 ? 2 : k - 1);  // the buffer tile i - 1 used
       }
       __pipeline_commit();
       __pipeline_wait_prior(2);  // tile i has landed
     } else {
       if (i + 1 < n_tiles) {
         g1 = group_info(p, c1.group);
-        issue(c1, g1, k ^ 1);  // the buffer tile i - 1 used
+        walk.issue(c1, g1, k ^ 1);  // the buffer tile i - 1 used
       }
       __pipeline_commit();
       __pipeline_wait_prior(1);  // tile i has landed
@@ -370,12 +272,12 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, kR == 1 ? 32 / kWarps : 24
       staged = key;
       __syncthreads();
     }
-    compute_tile<kType, kR>(p, smem, smem + k * buf_bytes, L, tile_start(c0, g0), tile_rows(c0), g0.n, c0.group,
+    compute_tile<kType, kR>(p, smem, smem + k * buf_bytes, L, walk.start(c0, g0), walk.rows(c0), g0.n, c0.group,
                             static_cast<int64_t>(c0.rblk) * kTileRows);
     __syncthreads();  // buffer k and the staged activation are free again
     c0 = c1;
     c1 = c2;
-    c2 = advance(c2);
+    c2 = walk.advance(c2);
     g0 = g1;
     g1 = g2;
     k = k == kBufs - 1 ? 0 : k + 1;
