@@ -1,7 +1,7 @@
 // GGUF / ggml block formats read in place by every implementation: Q2_K (84 bytes), Q3_K
 // (110 bytes) and q8_1 (36 bytes), with per-element decoders. Layouts: docs/numerics.md
-// "Block formats" and shared/design/formats-and-kernels.md §1, §3. Host and device clean;
-// the CUDA kernels include this header unchanged.
+// "Block formats" and docs/blocks.md (ggml's src/ggml-common.h at ggml-org/ggml d99724f2). Host
+// and device clean; the CUDA kernels include this header unchanged.
 #pragma once
 
 #include <cstddef>
@@ -14,7 +14,7 @@ namespace moecheck {
 inline constexpr int kQK_K = 256;  // values per K-quant super-block
 inline constexpr int kQK8_1 = 32;  // values per q8_1 block
 
-// ggml_type ids, as GGUF stores them (formats-and-kernels.md §9.2).
+// ggml_type ids, as GGUF stores them (ggml's enum ggml_type, include/ggml.h).
 enum class GgmlType : uint32_t {
   kF32 = 0,
   kF16 = 1,

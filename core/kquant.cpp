@@ -1,6 +1,7 @@
 // Reference Q2_K / Q3_K quantisers (ggml's quantize_row_q2_K_ref / quantize_row_q3_K_ref and
 // their helpers make_qkx2_quants / make_q3_quants) and the row dequantisers. Contract:
-// shared/design/formats-and-kernels.md §1 (layouts), §2 (algorithms), docs/blocks.md. Every
+// ggml's src/ggml-common.h (layouts) and src/ggml-quants.c (algorithms) at ggml-org/ggml
+// d99724f2b141fed9e1a9f402213506c081433465, docs/blocks.md. Every
 // float expression keeps C's evaluation order and rounds each operation (-ffp-contract=off, as
 // ggml-base is built on x86-64), so the blocks match ggml's bit for bit (docs/blocks.md says
 // how that was checked). Where ggml would assert or write a corrupt block we are defined
@@ -163,7 +164,7 @@ float make_q3_quants(int n, int nmax, const float* x, int8_t* L) {
   return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
 }
 
-// Element e = 128 n + 32 j + l goes to qs[32 n + l] at bits 2j (formats-and-kernels.md §1.1).
+// Element e = 128 n + 32 j + l goes to qs[32 n + l] at bits 2j (docs/blocks.md "Q2_K").
 void pack_qs(const uint8_t* L, uint8_t* qs) {
   for (int base = 0; base < kQK_K; base += 128) {
     for (int l = 0; l < 32; ++l) {

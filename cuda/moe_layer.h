@@ -17,7 +17,9 @@
 
 namespace moecheck::cuda {
 
-// Where the top-k selection runs. Only the host route exists so far (the seeds' default).
+// Where the top-k selection runs. Only the host route exists so far (the seeds' default); device
+// routing (route_select with the slot table, the next issue) adds kDevice and fills the
+// LayerTiming fields that stay 0 today.
 enum class RoutePlace { kHost };
 
 struct LayerOptions {

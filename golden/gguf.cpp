@@ -1,6 +1,7 @@
 // GGUF values, ggml type sizes and tensor byte sizes: the parts the reader and writer share.
 // Contract: docs/gguf.md "Value types" and "Tensor types"; type ids and block sizes are ggml's
-// (formats-and-kernels.md §9.2, ggml-common.h block structs).
+// (ggml's enum ggml_type in include/ggml.h and the block structs of src/ggml-common.h,
+// ggml-org/ggml at d99724f2).
 #include "golden/gguf.h"
 
 #include <cstring>

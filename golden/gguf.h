@@ -1,5 +1,6 @@
 // GGUF version 3 files: a validating, memory-mapped reader and a streaming writer.
-// Contract: docs/gguf.md (layout, validation rules) after shared/design/formats-and-kernels.md §9.
+// Contract: docs/gguf.md (layout, validation rules), after the GGUF specification in ggml's
+// docs/gguf.md and src/gguf.cpp (ggml-org/ggml at d99724f2b141fed9e1a9f402213506c081433465).
 // The reader never reads outside the file and never allocates from a size it has not checked
 // against the bytes left; every problem is an InputError naming the file, the byte offset and
 // the field. The writer streams tensor data from callbacks (a ds41 layer is 4.9 GB) into a
@@ -76,7 +77,7 @@ struct KeyValue {
   uint64_t file_offset = 0;  // where the key starts in the file (reader only)
 };
 
-// ggml tensor type ids this project knows the block size of (formats-and-kernels.md §9.2).
+// ggml tensor type ids this project knows the block size of (ggml's enum ggml_type, include/ggml.h at ggml-org/ggml d99724f2).
 struct TypeTraits {
   const char* name = nullptr;  // nullptr: unknown id
   int64_t block_values = 0;

@@ -1,5 +1,5 @@
 // Block formats (emulate/blocks.h) and the row dequantisers (emulate/quantize.h) against
-// hand-built blocks: every byte is written at the offset formats-and-kernels.md §1 / §3 gives,
+// hand-built blocks: every byte is written at the offset ggml's src/ggml-common.h (d99724f2) and docs/blocks.md give,
 // one field or bit at a time, and the expected element values are computed here from the
 // layout tables (in double, from the f16 definition), never by calling a decoder under test.
 // Then dequantize_row must agree bit for bit with the per-element decoders on random blocks.

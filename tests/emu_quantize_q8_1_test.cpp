@@ -5,6 +5,7 @@
 #include <rapidcheck/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -101,6 +102,22 @@ TEST(EmuQuantizeQ8_1, RowsAreBlockwise) {
 
 // For every scale from 1e-30 to 1e4 the stored block reproduces x within the step bound, quants
 // stay in [-127, 127], and s = f16(d * sum q).
+// The bf16 form widens exactly, then quantises: the same bytes as the f32 form on the widened values.
+TEST(EmuQuantizeQ8_1, Bf16FormEqualsF32FormOnWidenedValues) {
+  emutest::Gen g(53);
+  const int64_t R = 3, K = 256;
+  std::vector<uint16_t> xb = g.bf16(R * K, 2.0);
+  xb[5] = 0x7FC0;  // NaN poisons its block in both forms
+  xb[40] = 0x0001;  // subnormal bf16
+  std::vector<float> xf(xb.size());
+  for (size_t i = 0; i < xb.size(); ++i) xf[i] = bf16_to_f32(xb[i]);
+  std::vector<BlockQ8_1> a(static_cast<size_t>(R * K / 32)), b(a.size());
+  emu::quantize_q8_1_bf16(xb.data(), a.data(), R, K);
+  emu::quantize_q8_1(xf.data(), b.data(), R, K);
+  ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(BlockQ8_1)), 0);
+  EXPECT_THROW(emu::quantize_q8_1_bf16(xb.data(), a.data(), 1, 48), InputError);
+}
+
 RC_GTEST_PROP(EmuQuantizeQ8_1, StepBoundHolds, ()) {
   const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
   const int e10 = *rc::gen::inRange(-30, 5);

@@ -1,4 +1,4 @@
-// Reference quantisers (emulate/quantize.cpp, formats-and-kernels.md §2): ggml's own quality
+// Reference quantisers (core/kquant.cpp, ggml's src/ggml-quants.c at d99724f2): ggml's own quality
 // check, a pin to the bytes ggml's quantize_row_q{2,3}_K_ref produce, and properties over
 // adversarial rows: each element lands on the nearest point of its sub-block's decoded grid,
 // sub-blocks that decode to zero were small, every block is structurally valid and
