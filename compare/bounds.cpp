@@ -16,8 +16,8 @@
 
 #include "core/error.h"
 #include "core/fp_ops.h"
-#include "core/numfmt.h"
 #include "core/kquant.h"
+#include "core/numfmt.h"
 #include "core/schedule.h"
 #include "reference/moe.h"
 
@@ -59,8 +59,8 @@ double unit_float_mag(GgmlType t, const uint8_t* row, const BlockQ8_1& a, int64_
 
 }  // namespace
 
-MmvqBound mmvq_exact_bound(GgmlType t, const uint8_t* row, const BlockQ8_1* a, const float* x, int64_t K,
-                           const double* eblk) {
+MmvqBound mmvq_exact_bound(GgmlType t, const uint8_t* row, const BlockQ8_1* a, const float* x,
+                           int64_t K, const double* eblk) {
   std::vector<float> w(static_cast<size_t>(K));
   dequantize_row(t, row, w.data(), K);
   const int64_t units = K / kQK8_1;
@@ -76,7 +76,8 @@ MmvqBound mmvq_exact_bound(GgmlType t, const uint8_t* row, const BlockQ8_1* a, c
     }
     M += std::fabs(static_cast<double>(f16_to_f32(a[g].d))) * unit_float_mag(t, row, a[g], g);
   }
-  return {exact, (1 + 2 * kU32) * qerr + gamma_f32(depth) * M + (kU32 + gamma_f64(K)) * mag_wx, mag_wx};
+  return {exact, (1 + 2 * kU32) * qerr + gamma_f32(depth) * M + (kU32 + gamma_f64(K)) * mag_wx,
+          mag_wx};
 }
 
 bool BoundsReport::ok() const {
@@ -111,7 +112,8 @@ std::string num(double v) {
 StageCheck& Checker::find(Stage s) {
   for (StageCheck& st : r_.stages)
     if (st.stage == s) return st;
-  throw std::logic_error(std::string("bounds check: stage ") + stage_name(s) + " is not in the report");
+  throw std::logic_error(std::string("bounds check: stage ") + stage_name(s) +
+                         " is not in the report");
 }
 
 bool Checker::record(StageCheck& st, double emu, double exact, double bound) {
@@ -124,10 +126,11 @@ bool Checker::record(StageCheck& st, double emu, double exact, double bound) {
   return true;
 }
 
-std::string Checker::message(const StageCheck& st, const std::string& where, double emu, double exact,
-                             double bound) const {
-  return "layer " + std::to_string(r_.layer) + " " + stage_name(st.stage) + " " + where + ": emu " + num(emu) +
-         " exact " + num(exact) + ", |diff| " + num(std::fabs(emu - exact)) + " > bound " + num(bound);
+std::string Checker::message(const StageCheck& st, const std::string& where, double emu,
+                             double exact, double bound) const {
+  return "layer " + std::to_string(r_.layer) + " " + stage_name(st.stage) + " " + where + ": emu " +
+         num(emu) + " exact " + num(exact) + ", |diff| " + num(std::fabs(emu - exact)) +
+         " > bound " + num(bound);
 }
 
 double score64(ScoreFunc f, double z) {
@@ -143,12 +146,15 @@ double score64(ScoreFunc f, double z) {
 // g, u (taps rounded to f32 from f64: each tap value is within u |tap| of the exact one).
 double h_bound(float ge, float ue, float gr, float ur, float hr, float L) {
   auto cg = [&](double g) { return L > 0 && g > L ? static_cast<double>(L) : g; };
-  auto cu = [&](double v) { return L > 0 ? std::clamp(v, -static_cast<double>(L), static_cast<double>(L)) : v; };
+  auto cu = [&](double v) {
+    return L > 0 ? std::clamp(v, -static_cast<double>(L), static_cast<double>(L)) : v;
+  };
   const double dg = std::fabs(cg(ge) - cg(gr)) + kU32 * std::fabs(gr);
   const double du = std::fabs(cu(ue) - cu(ur)) + kU32 * std::fabs(ur);
   const double silu_r = std::fabs(cg(gr) / (1.0 + std::exp(-cg(gr))));
   const double prop = 1.1 * dg * std::fabs(cu(ue)) + silu_r * du;
-  return gamma_f32(5) * (std::fabs(hr) + prop) + 0x1p-126 * std::fabs(cu(ue)) + 0x1p-149 + prop + kU32 * std::fabs(hr);
+  return gamma_f32(5) * (std::fabs(hr) + prop) + 0x1p-126 * std::fabs(cu(ue)) + 0x1p-149 + prop +
+         kU32 * std::fabs(hr);
 }
 
 }  // namespace bounds_detail

@@ -19,7 +19,9 @@ namespace moecheck {
 // Rounding-error constants of docs/numerics.md: u = 2^-24, gamma_n = n u / (1 - n u), and the
 // same for f64 (u64 = 2^-53).
 inline constexpr double kU32 = 0x1p-24;
-inline double gamma_f32(int64_t n) { return static_cast<double>(n) * kU32 / (1.0 - static_cast<double>(n) * kU32); }
+inline double gamma_f32(int64_t n) {
+  return static_cast<double>(n) * kU32 / (1.0 - static_cast<double>(n) * kU32);
+}
 inline double gamma_f64(int64_t n) {
   return static_cast<double>(n) * 0x1p-53 / (1.0 - static_cast<double>(n) * 0x1p-53);
 }
@@ -30,26 +32,29 @@ double q8_block_bound(const float* x);
 // "MMVQ" for one (row, token): the exact value on the dequantised weights, the bound on
 // |y_emu - exact|, and sum |w_k x_k|. x: the f32 activation the q8_1 blocks `a` came from;
 // eblk: its per-block q8_1 step bounds, or nullptr to compute them.
-struct MmvqBound { double exact = 0, bound = 0, mag = 0; };
-MmvqBound mmvq_exact_bound(GgmlType t, const uint8_t* row, const BlockQ8_1* a, const float* x, int64_t K,
-                           const double* eblk = nullptr);
+struct MmvqBound {
+  double exact = 0, bound = 0, mag = 0;
+};
+MmvqBound mmvq_exact_bound(GgmlType t, const uint8_t* row, const BlockQ8_1* a, const float* x,
+                           int64_t K, const double* eblk = nullptr);
 
 // One stage's verdict: router_logits, topk_weights, experts.{gate,up,h,down},
 // shared.{gate,up,h,down}, acc, output.
 struct StageCheck {
   Stage stage = Stage::kOutput;
-  int64_t checked = 0;         // values compared
-  int64_t violations = 0;      // values with |emu - exact| > bound (or NaN)
-  double worst_ratio = 0;      // max |emu - exact| / bound (inf for a difference on a zero bound)
-  std::string first_violation; // layer, token, expert, row / column, both values and the bound
+  int64_t checked = 0;          // values compared
+  int64_t violations = 0;       // values with |emu - exact| > bound (or NaN)
+  double worst_ratio = 0;       // max |emu - exact| / bound (inf for a difference on a zero bound)
+  std::string first_violation;  // layer, token, expert, row / column, both values and the bound
 };
 
 struct BoundsReport {
   int layer = 0;
   std::vector<StageCheck> stages;  // pipeline order
-  int64_t flips = 0;               // (emulation-only, reference-only) expert pairs of flipped tokens
-  int64_t unexplained_flips = 0;   // pairs the logit bound cannot explain (any flip under softmax)
-  std::vector<std::string> flip_lines;  // one line per pair: exact keys, margin, what the bound allows
+  int64_t flips = 0;              // (emulation-only, reference-only) expert pairs of flipped tokens
+  int64_t unexplained_flips = 0;  // pairs the logit bound cannot explain (any flip under softmax)
+  std::vector<std::string>
+      flip_lines;  // one line per pair: exact keys, margin, what the bound allows
   bool ok() const;
   // The first stage in pipeline order with a violation; topk_ids when a flip is unexplained
   // (routing comes before the weights). Meaningful when !ok().
@@ -63,7 +68,7 @@ struct BoundsReport {
 // their expert stages are still checked (the reference recomputes each (expert, token) the
 // emulation computed). exact_taps, when given, receives the Exact reference's taps. Throws
 // InputError when the taps are missing or have the wrong shape (naming the layer and stage).
-BoundsReport check_emu_against_exact(const LayerWeights& w, const LayerTaps& emu, RouterVariant router,
-                                     LayerTaps* exact_taps = nullptr);
+BoundsReport check_emu_against_exact(const LayerWeights& w, const LayerTaps& emu,
+                                     RouterVariant router, LayerTaps* exact_taps = nullptr);
 
 }  // namespace moecheck

@@ -22,7 +22,8 @@ class Checker {
   explicit Checker(BoundsReport& r) : r_(r) {}
   // counted: false for a second check of a value already counted (output against its own acc).
   template <class Where>
-  void see(Stage s, double emu, double exact, double bound, const Where& where, bool counted = true) {
+  void see(Stage s, double emu, double exact, double bound, const Where& where,
+           bool counted = true) {
     StageCheck& st = find(s);
     if (counted) ++st.checked;
     if (!record(st, emu, exact, bound)) return;
@@ -33,7 +34,8 @@ class Checker {
   StageCheck& find(Stage s);
   // Updates the worst ratio; true (and counts it) when |emu - exact| > bound or NaN.
   static bool record(StageCheck& st, double emu, double exact, double bound);
-  std::string message(const StageCheck& st, const std::string& where, double emu, double exact, double bound) const;
+  std::string message(const StageCheck& st, const std::string& where, double emu, double exact,
+                      double bound) const;
 
   BoundsReport& r_;
 };
@@ -54,7 +56,7 @@ struct ExpertDiff {
 // One expert's stages (routed, or the shared one when `shared`) on the tokens of its taps:
 // gate, up, h and down against the reference's Exact Expert on the same tokens.
 void check_expert(const LayerWeights& w, const MatView& w1, const MatView& w3, const MatView& w2,
-                  const ExpertTaps& e, const std::vector<BlockQ8_1>& x_q8, const std::vector<float>& xf,
-                  bool shared, Checker& ck, ExpertDiff& out);
+                  const ExpertTaps& e, const std::vector<BlockQ8_1>& x_q8,
+                  const std::vector<float>& xf, bool shared, Checker& ck, ExpertDiff& out);
 
 }  // namespace moecheck::bounds_detail

@@ -16,13 +16,23 @@ namespace {
 // The checks of one expert, token row by token row.
 class ExpertCheck {
  public:
-  ExpertCheck(const LayerWeights& w, const MatView& w1, const MatView& w3, const MatView& w2, const ExpertTaps& e,
-              const std::vector<BlockQ8_1>& x_q8, const std::vector<float>& xf, bool shared, Checker& ck,
-              ExpertDiff& out)
-      : c_(w.config), w1_(w1), w3_(w3), w2_(w2), e_(e), x_q8_(x_q8), xf_(xf), shared_(shared), ck_(ck), out_(out),
+  ExpertCheck(const LayerWeights& w, const MatView& w1, const MatView& w3, const MatView& w2,
+              const ExpertTaps& e, const std::vector<BlockQ8_1>& x_q8, const std::vector<float>& xf,
+              bool shared, Checker& ck, ExpertDiff& out)
+      : c_(w.config),
+        w1_(w1),
+        w3_(w3),
+        w2_(w2),
+        e_(e),
+        x_q8_(x_q8),
+        xf_(xf),
+        shared_(shared),
+        ck_(ck),
+        out_(out),
         dense_(w1.type == GgmlType::kBF16),
         who_(e.expert >= 0 ? "expert " + std::to_string(e.expert) + " " : ""),
-        wrow_(static_cast<size_t>(std::max(c_.inter, c_.dim))), herr_(static_cast<size_t>(c_.inter)),
+        wrow_(static_cast<size_t>(std::max(c_.inter, c_.dim))),
+        herr_(static_cast<size_t>(c_.inter)),
         hin_(static_cast<size_t>(c_.inter)) {}
 
   void run() {
@@ -73,8 +83,8 @@ class ExpertCheck {
         b = mmvq_exact_bound(m.type, m.row(i), a, xt, dim, ex.data()).bound;
       }
       const double r = vr[j * inter + i];
-      ck_.see(stage(up ? ExpertField::kUp : ExpertField::kGate), ve[j * inter + i], r, b + kU32 * std::fabs(r),
-              at(j, "row", i));
+      ck_.see(stage(up ? ExpertField::kUp : ExpertField::kGate), ve[j * inter + i], r,
+              b + kU32 * std::fabs(r), at(j, "row", i));
     }
   }
 
@@ -85,7 +95,8 @@ class ExpertCheck {
     for (int64_t i = 0; i < inter; ++i) {
       const int64_t q = j * inter + i;
       ck_.see(stage(ExpertField::kH), e_.h[q], rt_.h[q],
-              h_bound(e_.gate[q], e_.up[q], rt_.gate[q], rt_.up[q], rt_.h[q], c_.swiglu_limit), at(j, "col", i));
+              h_bound(e_.gate[q], e_.up[q], rt_.gate[q], rt_.up[q], rt_.h[q], c_.swiglu_limit),
+              at(j, "col", i));
       hin_[i] = dense_ ? static_cast<double>(round_bf16(e_.h[q])) : static_cast<double>(e_.h[q]);
       herr_[i] = std::fabs(hin_[i] - rt_.h[q]) + kU32 * std::fabs(rt_.h[q]);
     }
@@ -95,7 +106,8 @@ class ExpertCheck {
   void down(int64_t j) {
     const int64_t dim = c_.dim, inter = c_.inter;
     std::vector<double> eh(static_cast<size_t>(inter / kQK8_1));
-    for (int64_t g = 0; g < inter / kQK8_1; ++g) eh[g] = q8_block_bound(e_.h.data() + j * inter + g * kQK8_1);
+    for (int64_t g = 0; g < inter / kQK8_1; ++g)
+      eh[g] = q8_block_bound(e_.h.data() + j * inter + g * kQK8_1);
     const int64_t depth = 8 * ((inter + 255) / 256) + 5;
     for (int64_t r = 0; r < dim; ++r) {
       dequantize_row(w2_.type, w2_.row(r), wrow_.data(), inter);
@@ -108,8 +120,8 @@ class ExpertCheck {
       if (dense_) {
         b += (gamma_f32(depth) + gamma_f64(inter)) * m2;
       } else {
-        b += mmvq_exact_bound(w2_.type, w2_.row(r), e_.h_q8.data() + j * inter / kQK8_1, e_.h.data() + j * inter,
-                              inter, eh.data())
+        b += mmvq_exact_bound(w2_.type, w2_.row(r), e_.h_q8.data() + j * inter / kQK8_1,
+                              e_.h.data() + j * inter, inter, eh.data())
                  .bound;
       }
       const int64_t q = j * dim + r;
@@ -129,17 +141,17 @@ class ExpertCheck {
   ExpertDiff& out_;
   bool dense_;
   std::string who_;
-  ExpertTaps rt_;                    // the reference's taps on the same tokens
-  std::vector<double> xe_;           // [n, dim] the expert's token rows
-  std::vector<float> wrow_;          // one dequantised weight row
-  std::vector<double> herr_, hin_;   // [inter] of the current token row
+  ExpertTaps rt_;                   // the reference's taps on the same tokens
+  std::vector<double> xe_;          // [n, dim] the expert's token rows
+  std::vector<float> wrow_;         // one dequantised weight row
+  std::vector<double> herr_, hin_;  // [inter] of the current token row
 };
 
 }  // namespace
 
 void check_expert(const LayerWeights& w, const MatView& w1, const MatView& w3, const MatView& w2,
-                  const ExpertTaps& e, const std::vector<BlockQ8_1>& x_q8, const std::vector<float>& xf,
-                  bool shared, Checker& ck, ExpertDiff& out) {
+                  const ExpertTaps& e, const std::vector<BlockQ8_1>& x_q8,
+                  const std::vector<float>& xf, bool shared, Checker& ck, ExpertDiff& out) {
   ExpertCheck(w, w1, w3, w2, e, x_q8, xf, shared, ck, out).run();
 }
 

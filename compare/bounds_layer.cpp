@@ -20,19 +20,21 @@ using bounds_detail::ExpertDiff;
 using bounds_detail::score64;
 
 // The stages this check judges, in pipeline order.
-constexpr Stage kJudged[] = {Stage::kRouterLogits, Stage::kTopkWeights, Stage::kExpertsGate, Stage::kExpertsUp,
-                             Stage::kExpertsH,     Stage::kExpertsDown, Stage::kSharedGate,  Stage::kSharedUp,
-                             Stage::kSharedH,      Stage::kSharedDown,  Stage::kAcc,         Stage::kOutput};
+constexpr Stage kJudged[] = {Stage::kRouterLogits, Stage::kTopkWeights, Stage::kExpertsGate,
+                             Stage::kExpertsUp,    Stage::kExpertsH,    Stage::kExpertsDown,
+                             Stage::kSharedGate,   Stage::kSharedUp,    Stage::kSharedH,
+                             Stage::kSharedDown,   Stage::kAcc,         Stage::kOutput};
 
 void need(bool ok, const LayerTaps& t, const std::string& stage, size_t expected, size_t found) {
   if (!ok)
-    throw InputError("bounds check, layer " + std::to_string(t.layer) + ": stage " + stage + ": expected " +
-                     std::to_string(expected) + " values, found " + std::to_string(found) +
-                     " (the emulation must run with every stage tapped)");
+    throw InputError("bounds check, layer " + std::to_string(t.layer) + ": stage " + stage +
+                     ": expected " + std::to_string(expected) + " values, found " +
+                     std::to_string(found) + " (the emulation must run with every stage tapped)");
 }
 
 // h_q8 exists only where the down projection is a K-quant MMVQ (not for a bf16 shared expert).
-void validate_expert(const LayerTaps& t, const ExpertTaps& e, const std::string& name, const MoeConfig& c, bool q8) {
+void validate_expert(const LayerTaps& t, const ExpertTaps& e, const std::string& name,
+                     const MoeConfig& c, bool q8) {
   const size_t n = e.tokens.size();
   for (int32_t tok : e.tokens)
     if (tok < 0 || tok >= t.tokens)
@@ -53,7 +55,8 @@ void validate(const LayerWeights& w, const LayerTaps& t) {
   need(t.input.size() == T * dim, t, "input", T * dim, t.input.size());
   need(t.router_logits.size() == T * E, t, "router_logits", T * E, t.router_logits.size());
   need(t.topk_ids.size() == T * K, t, "topk_ids", T * K, t.topk_ids.size());
-  need(t.topk_weights.size() == t.topk_ids.size(), t, "topk_weights", t.topk_ids.size(), t.topk_weights.size());
+  need(t.topk_weights.size() == t.topk_ids.size(), t, "topk_weights", t.topk_ids.size(),
+       t.topk_weights.size());
   need(t.x_q8.size() == T * dim / kQK8_1, t, "x_q8", T * dim / kQK8_1, t.x_q8.size());
   need(t.acc.size() == T * dim, t, "acc", T * dim, t.acc.size());
   need(t.output.size() == T * dim, t, "output", T * dim, t.output.size());
@@ -61,17 +64,28 @@ void validate(const LayerWeights& w, const LayerTaps& t) {
   validate_expert(t, t.shared, "shared", c, w.shared_down.type != GgmlType::kBF16);
   for (const ExpertTaps& e : t.experts) {
     if (e.expert < 0 || e.expert >= c.n_routed)
-      throw InputError("bounds check, layer " + std::to_string(t.layer) + ": expert id " + std::to_string(e.expert) +
-                       " out of range [0, " + std::to_string(c.n_routed) + ")");
+      throw InputError("bounds check, layer " + std::to_string(t.layer) + ": expert id " +
+                       std::to_string(e.expert) + " out of range [0, " +
+                       std::to_string(c.n_routed) + ")");
     validate_expert(t, e, "experts." + std::to_string(e.expert), c, true);
   }
 }
 
 class LayerCheck {
  public:
-  LayerCheck(const LayerWeights& w, const LayerTaps& et, RouterVariant router, LayerTaps& rtaps, BoundsReport& rep)
-      : w_(w), c_(w.config), et_(et), router_(router), rtaps_(rtaps), rep_(rep), ck_(rep),
-        T_(et.tokens), E_(c_.n_routed), K_(c_.topk), dim_(c_.dim) {}
+  LayerCheck(const LayerWeights& w, const LayerTaps& et, RouterVariant router, LayerTaps& rtaps,
+             BoundsReport& rep)
+      : w_(w),
+        c_(w.config),
+        et_(et),
+        router_(router),
+        rtaps_(rtaps),
+        rep_(rep),
+        ck_(rep),
+        T_(et.tokens),
+        E_(c_.n_routed),
+        K_(c_.topk),
+        dim_(c_.dim) {}
 
   void run() {
     const uint16_t* x = et_.input.data();
@@ -101,9 +115,11 @@ class LayerCheck {
       for (int64_t e = 0; e < E_; ++e) {
         double mag = 0;
         for (int64_t k = 0; k < dim; ++k)
-          mag += std::fabs(static_cast<double>(bf16_to_f32(w_.router[e * dim + k])) * bf16_to_f32(x[t * dim + k]));
+          mag += std::fabs(static_cast<double>(bf16_to_f32(w_.router[e * dim + k])) *
+                           bf16_to_f32(x[t * dim + k]));
         delta_[t * E_ + e] = (gamma_f32(depth) + gamma_f64(dim)) * mag;
-        ck_.see(Stage::kRouterLogits, et_.router_logits[t * E_ + e], z_[t * E_ + e], delta_[t * E_ + e],
+        ck_.see(Stage::kRouterLogits, et_.router_logits[t * E_ + e], z_[t * E_ + e],
+                delta_[t * E_ + e],
                 [t, e] { return "token " + std::to_string(t) + " expert " + std::to_string(e); });
       }
     }
@@ -129,19 +145,25 @@ class LayerCheck {
 
   // One (emulation-only e, reference-only f) pair of token t.
   void flip(int64_t t, int32_t e, int32_t f) {
-    auto eps = [&](int64_t x) { return 0x1p-19 * (std::fabs(key(t, x, 0)) + std::fabs(w_.bias[x])); };
+    auto eps = [&](int64_t x) {
+      return 0x1p-19 * (std::fabs(key(t, x, 0)) + std::fabs(w_.bias[x]));
+    };
     ++rep_.flips;
-    const double hi_e = key(t, e, delta_[t * E_ + e]) + eps(e), lo_f = key(t, f, -delta_[t * E_ + f]) - eps(f);
+    const double hi_e = key(t, e, delta_[t * E_ + e]) + eps(e),
+                 lo_f = key(t, f, -delta_[t * E_ + f]) - eps(f);
     const bool softmax = c_.score_func == ScoreFunc::kSoftmax;
     const bool explained = !softmax && hi_e >= lo_f;
     if (!explained) ++rep_.unexplained_flips;
     char buf[400];
     std::snprintf(buf, sizeof buf,
-                  "layer %d token %lld: flip, emulation picks %d (exact key %.17g), reference picks %d (exact key "
+                  "layer %d token %lld: flip, emulation picks %d (exact key %.17g), reference "
+                  "picks %d (exact key "
                   "%.17g); margin %.3g, explainable up to %.3g: %s",
-                  et_.layer, static_cast<long long>(t), e, key(t, e, 0), f, key(t, f, 0), key(t, f, 0) - key(t, e, 0),
-                  hi_e - lo_f + key(t, f, 0) - key(t, e, 0),
-                  explained ? "explained" : softmax ? "UNEXPLAINED (softmax)" : "UNEXPLAINED");
+                  et_.layer, static_cast<long long>(t), e, key(t, e, 0), f, key(t, f, 0),
+                  key(t, f, 0) - key(t, e, 0), hi_e - lo_f + key(t, f, 0) - key(t, e, 0),
+                  explained ? "explained"
+                  : softmax ? "UNEXPLAINED (softmax)"
+                            : "UNEXPLAINED");
     rep_.flip_lines.emplace_back(buf);
   }
 
@@ -158,17 +180,21 @@ class LayerCheck {
         const double z = z_[t * E_ + e], d = delta_[t * E_ + e];
         const double s0 = score64(c_.score_func, z / temp);
         const double r = std::max(std::fabs(score64(c_.score_func, (z + d) / temp) - s0),
-                                  std::fabs(score64(c_.score_func, (z - d) / temp) - s0)) / s0 + 0x1p-19;
+                                  std::fabs(score64(c_.score_func, (z - d) / temp) - s0)) /
+                             s0 +
+                         0x1p-19;
         rel[e] = r;
         rmax = std::max(rmax, r);
       }
-      for (int64_t k = 0; k < K_; ++k) wref_[{t, rr_.ids[t * K_ + k]}].first = rr_.weights[t * K_ + k];
+      for (int64_t k = 0; k < K_; ++k)
+        wref_[{t, rr_.ids[t * K_ + k]}].first = rr_.weights[t * K_ + k];
       for (int64_t k = 0; k < K_; ++k) {
         const int32_t e = et_.topk_ids[t * K_ + k];
         auto& p = wref_[{t, e}];
         p.second = et_.topk_weights[t * K_ + k];
         const bool norm = c_.norm_topk_prob && K_ > 1;
-        const double b = std::fabs(p.first) * (rel[e] + (norm ? rmax : 0.0) + static_cast<double>(K_ + 4) * kU32);
+        const double b = std::fabs(p.first) *
+                         (rel[e] + (norm ? rmax : 0.0) + static_cast<double>(K_ + 4) * kU32);
         ck_.see(Stage::kTopkWeights, p.second, p.first, b,
                 [t, e] { return "token " + std::to_string(t) + " expert " + std::to_string(e); });
       }
@@ -181,16 +207,19 @@ class LayerCheck {
     for (int64_t i = 0; i < T_ * dim_; ++i) xf_[i] = bf16_to_f32(et_.input[i]);
     for (const ExpertTaps& e : et_.experts) {
       bounds_detail::check_expert(w_, w_.gate_exps.expert(e.expert), w_.up_exps.expert(e.expert),
-                                  w_.down_exps.expert(e.expert), e, et_.x_q8, xf_, false, ck_, diffs_[e.expert]);
-      for (size_t j = 0; j < e.tokens.size(); ++j) where_of_[{e.tokens[j], e.expert}] = {&e, static_cast<int64_t>(j)};
+                                  w_.down_exps.expert(e.expert), e, et_.x_q8, xf_, false, ck_,
+                                  diffs_[e.expert]);
+      for (size_t j = 0; j < e.tokens.size(); ++j)
+        where_of_[{e.tokens[j], e.expert}] = {&e, static_cast<int64_t>(j)};
     }
-    bounds_detail::check_expert(w_, w_.shared_gate, w_.shared_up, w_.shared_down, et_.shared, et_.x_q8, xf_, true, ck_,
-                                shared_);
+    bounds_detail::check_expert(w_, w_.shared_gate, w_.shared_up, w_.shared_down, et_.shared,
+                                et_.x_q8, xf_, true, ck_, shared_);
     for (int64_t t = 0; t < T_; ++t)
       for (int64_t k = 0; k < K_; ++k)
         if (where_of_.count({t, et_.topk_ids[t * K_ + k]}) == 0)
-          throw InputError("bounds check, layer " + std::to_string(et_.layer) + ": token " + std::to_string(t) +
-                           " picks expert " + std::to_string(et_.topk_ids[t * K_ + k]) +
+          throw InputError("bounds check, layer " + std::to_string(et_.layer) + ": token " +
+                           std::to_string(t) + " picks expert " +
+                           std::to_string(et_.topk_ids[t * K_ + k]) +
                            " but that expert's taps lack the token");
   }
 
@@ -206,8 +235,9 @@ class LayerCheck {
         const uint16_t y = et_.output[t * dim_ + i];
         const double ye = bf16_to_f32(y);
         if (y != f32_to_bf16(et_.acc[t * dim_ + i]))
-          ck_.see(Stage::kOutput, ye, bf16_to_f32(f32_to_bf16(et_.acc[t * dim_ + i])), 0.0,
-                  [&wh] { return wh() + " (output is not bf16(acc) of the same taps)"; }, false);
+          ck_.see(
+              Stage::kOutput, ye, bf16_to_f32(f32_to_bf16(et_.acc[t * dim_ + i])), 0.0,
+              [&wh] { return wh() + " (output is not bf16(acc) of the same taps)"; }, false);
         ck_.see(Stage::kOutput, ye, bf16_to_f32(rtaps_.output[t * dim_ + i]),
                 std::fabs(ae - ar) + 0x1p-8 * (std::fabs(ae) + std::fabs(ar)), wh);
       }
@@ -216,7 +246,8 @@ class LayerCheck {
 
   double acc_bound(int64_t t, int64_t i) const {
     const int64_t q = t * dim_ + i;
-    double b = shared_.down_err[q], mag = std::fabs(et_.shared.down[q]), mag_ref = shared_.down_mag[q];
+    double b = shared_.down_err[q], mag = std::fabs(et_.shared.down[q]),
+           mag_ref = shared_.down_mag[q];
     for (int64_t k = 0; k < K_; ++k) {
       const int32_t e = et_.topk_ids[t * K_ + k];
       const auto [tap, j] = where_of_.at({t, e});
@@ -242,16 +273,18 @@ class LayerCheck {
   ref::ExactRouting rr_;
   std::vector<bool> flipped_;
   std::vector<float> xf_;
-  std::map<std::pair<int64_t, int32_t>, std::pair<double, double>> wref_;  // (t, e) -> (w_ref, w_emu)
-  std::map<std::pair<int64_t, int32_t>, std::pair<const ExpertTaps*, int64_t>> where_of_;  // (t, e) -> taps, row
+  std::map<std::pair<int64_t, int32_t>, std::pair<double, double>>
+      wref_;  // (t, e) -> (w_ref, w_emu)
+  std::map<std::pair<int64_t, int32_t>, std::pair<const ExpertTaps*, int64_t>>
+      where_of_;  // (t, e) -> taps, row
   std::map<int32_t, ExpertDiff> diffs_;
   ExpertDiff shared_;
 };
 
 }  // namespace
 
-BoundsReport check_emu_against_exact(const LayerWeights& w, const LayerTaps& et, RouterVariant router,
-                                     LayerTaps* exact_taps) {
+BoundsReport check_emu_against_exact(const LayerWeights& w, const LayerTaps& et,
+                                     RouterVariant router, LayerTaps* exact_taps) {
   validate(w, et);
   BoundsReport rep;
   rep.layer = et.layer;

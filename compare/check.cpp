@@ -16,7 +16,8 @@ constexpr const char* kImplOrder[] = {"ref", "emu", "cuda"};
 
 // ref ~ other: the NMSE comparison for information, and per layer the derived bounds as the
 // verdict (the Exact reference's taps land in `exact`, one per layer).
-CheckLeg bounds_leg(const CheckInputs& in, const std::string& other, std::vector<LayerTaps>& exact) {
+CheckLeg bounds_leg(const CheckInputs& in, const std::string& other,
+                    std::vector<LayerTaps>& exact) {
   const Dump& ref = in.dumps.at("ref");
   const Dump& od = in.dumps.at(other);
   std::map<int, std::vector<float>> bias;
@@ -54,7 +55,8 @@ CheckLeg exact_leg(const CheckInputs& in) {
 }
 
 // Routing histogram of the main dump and every output norm, per layer.
-std::vector<CheckLayer> layer_summaries(const CheckInputs& in, const Dump& main, const std::vector<LayerTaps>& exact) {
+std::vector<CheckLayer> layer_summaries(const CheckInputs& in, const Dump& main,
+                                        const std::vector<LayerTaps>& exact) {
   std::vector<CheckLayer> out;
   for (size_t li = 0; li < main.layers.size(); ++li) {
     const LayerTaps& t = main.layers[li];
@@ -65,7 +67,8 @@ std::vector<CheckLayer> layer_summaries(const CheckInputs& in, const Dump& main,
     for (const char* name : kImplOrder)
       if (auto it = in.dumps.find(name); it != in.dumps.end())
         l.output_l2.emplace_back(name, output_l2(it->second.layers[li].output));
-    if (!exact.empty() && !in.ref_exact) l.output_l2.emplace_back("ref-exact", output_l2(exact[li].output));
+    if (!exact.empty() && !in.ref_exact)
+      l.output_l2.emplace_back("ref-exact", output_l2(exact[li].output));
     out.push_back(std::move(l));
   }
   return out;
@@ -90,7 +93,8 @@ CheckResult judge_check(const CheckInputs& in) {
   auto has = [&](const char* i) { return in.dumps.count(i) > 0; };
   CheckResult r;
   for (const char* name : kImplOrder)
-    if (auto it = in.dumps.find(name); it != in.dumps.end()) r.ran.emplace_back(name, it->second.meta.variant);
+    if (auto it = in.dumps.find(name); it != in.dumps.end())
+      r.ran.emplace_back(name, it->second.meta.variant);
   r.not_run = in.not_run;
   const Dump& main = has("emu") ? in.dumps.at("emu") : in.dumps.begin()->second;
   r.routing_of = main.meta.implementation;
@@ -99,8 +103,10 @@ CheckResult judge_check(const CheckInputs& in) {
   r.model_sha256 = main.meta.model_sha256;
   r.input_seed = main.meta.input_seed;
   std::vector<LayerTaps> exact;
-  // ref ~ emu when the emulation ran, else ref ~ cuda (whose every bit the emulation's contract fixes).
-  if (has("ref") && (has("emu") || has("cuda"))) r.legs.push_back(bounds_leg(in, has("emu") ? "emu" : "cuda", exact));
+  // ref ~ emu when the emulation ran, else ref ~ cuda (whose every bit the emulation's contract
+  // fixes).
+  if (has("ref") && (has("emu") || has("cuda")))
+    r.legs.push_back(bounds_leg(in, has("emu") ? "emu" : "cuda", exact));
   if (has("emu") && has("cuda")) r.legs.push_back(exact_leg(in));
   for (const CheckLeg& l : r.legs) r.pass = r.pass && l.same();
   r.layers = layer_summaries(in, main, exact);

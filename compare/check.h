@@ -20,9 +20,9 @@
 namespace moecheck {
 
 struct CheckLeg {
-  std::string name;                  // "ref~emu", "ref~cuda", "emu=cuda"
-  bool exact = false;                // emu=cuda: bit for bit; else the bounds leg
-  DiffReport report;                 // bounds leg: the NMSE comparison (information); exact: the verdict
+  std::string name;    // "ref~emu", "ref~cuda", "emu=cuda"
+  bool exact = false;  // emu=cuda: bit for bit; else the bounds leg
+  DiffReport report;   // bounds leg: the NMSE comparison (information); exact: the verdict
   std::vector<BoundsReport> bounds;  // bounds leg: the verdict, per layer
   std::vector<bool> pass;            // per layer
   std::vector<Stage> first_failing;  // per layer, meaningful where !pass
@@ -31,12 +31,12 @@ struct CheckLeg {
 
 struct CheckLayer {
   int layer = 0;
-  std::vector<int64_t> tokens_per_expert;                // of the main dump's routing
+  std::vector<int64_t> tokens_per_expert;                 // of the main dump's routing
   std::vector<std::pair<std::string, double>> output_l2;  // each implementation, then "ref-exact"
 };
 
 struct CheckResult {
-  std::string model;         // what the user asked for: a path, or the embedded default's description
+  std::string model;  // what the user asked for: a path, or the embedded default's description
   std::string model_sha256;  // identity of the model file as the dumps record it (may be empty)
   MoeConfig config;
   uint64_t input_seed = 0;

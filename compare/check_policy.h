@@ -7,8 +7,8 @@
 
 #include <string>
 
-#include "compare/dump_diff.h"
 #include "compare/bounds.h"
+#include "compare/dump_diff.h"
 
 namespace moecheck {
 

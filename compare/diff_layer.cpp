@@ -36,8 +36,8 @@ const std::vector<float>& field_of(const ExpertTaps& x, ExpertField f) {
 
 }  // namespace
 
-LayerDiffer::LayerDiffer(const LayerTaps& a, const LayerTaps& b, const MoeConfig& c, const DiffOptions& o,
-                         const std::vector<bool>& agree, Rescale rescale)
+LayerDiffer::LayerDiffer(const LayerTaps& a, const LayerTaps& b, const MoeConfig& c,
+                         const DiffOptions& o, const std::vector<bool>& agree, Rescale rescale)
     : a_(a), b_(b), c_(c), o_(o), agree_(agree), rescale_(rescale) {}
 
 StageDiff& LayerDiffer::add_stage(Stage s, const std::string& dtype) {
@@ -62,7 +62,8 @@ Mismatch LayerDiffer::loc(Stage s, int64_t t, int32_t expert, int64_t i) const {
   return m;
 }
 
-void LayerDiffer::token_rows(Stage s, bool bf16, const void* pa, const void* pb, int64_t cols, bool all_tokens) {
+void LayerDiffer::token_rows(Stage s, bool bf16, const void* pa, const void* pb, int64_t cols,
+                             bool all_tokens) {
   StageDiff& sd = add_stage(s, bf16 ? "bfloat16" : "float32");
   StageAcc acc(sd, tol_for(s));
   auto where = [&](int64_t j) {
@@ -77,8 +78,9 @@ void LayerDiffer::token_rows(Stage s, bool bf16, const void* pa, const void* pb,
     }
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t i = t * cols + j;
-      const Elem e = bf16 ? bf16_pair(static_cast<const uint16_t*>(pa)[i], static_cast<const uint16_t*>(pb)[i])
-                          : f32_pair(static_cast<const float*>(pa)[i], static_cast<const float*>(pb)[i]);
+      const Elem e =
+          bf16 ? bf16_pair(static_cast<const uint16_t*>(pa)[i], static_cast<const uint16_t*>(pb)[i])
+               : f32_pair(static_cast<const float*>(pa)[i], static_cast<const float*>(pb)[i]);
       acc.add(e, loc(s, t, -1, j), [&] { return where(j); });
     }
   }
@@ -102,7 +104,8 @@ void LayerDiffer::topk(const RoutingDiff& r) {
       const int32_t e = a_.topk_ids[t * k + j];
       int64_t jb = 0;
       while (b_.topk_ids[t * k + jb] != e) ++jb;
-      acc.add(f32_pair(a_.topk_weights[t * k + j], b_.topk_weights[t * k + jb]), loc(Stage::kTopkWeights, t, e, e),
+      acc.add(f32_pair(a_.topk_weights[t * k + j], b_.topk_weights[t * k + jb]),
+              loc(Stage::kTopkWeights, t, e, e),
               [&] { return "routing weight of expert " + std::to_string(e); });
     }
   }
@@ -111,7 +114,8 @@ void LayerDiffer::topk(const RoutingDiff& r) {
 
 void LayerDiffer::q8_rows(StageAcc& acc, StageDiff& s, const std::vector<BlockQ8_1>& qa,
                           const std::vector<BlockQ8_1>& qb, const std::vector<int32_t>& toks_a,
-                          const std::vector<int32_t>& toks_b, int64_t K, int32_t expert, bool down_input) {
+                          const std::vector<int32_t>& toks_b, int64_t K, int32_t expert,
+                          bool down_input) {
   const int64_t nb = K / kQK8_1;
   for (size_t ra = 0; ra < toks_a.size(); ++ra) {
     const int32_t t = toks_a[ra];
@@ -149,7 +153,8 @@ void LayerDiffer::expert_q8(Stage st, const std::vector<const ExpertTaps*>& ea,
     any_a = any_a || !ea[i]->h_q8.empty();
     any_b = any_b || !eb[i]->h_q8.empty();
     if (ea[i]->h_q8.empty() || eb[i]->h_q8.empty()) continue;
-    q8_rows(acc, s, ea[i]->h_q8, eb[i]->h_q8, ea[i]->tokens, eb[i]->tokens, c_.inter, ea[i]->expert, true);
+    q8_rows(acc, s, ea[i]->h_q8, eb[i]->h_q8, ea[i]->tokens, eb[i]->tokens, c_.inter, ea[i]->expert,
+            true);
   }
   if (!any_a || !any_b) s.status = absent_status(any_a, any_b);
   else acc.finish(true);
@@ -162,9 +167,11 @@ void LayerDiffer::expert_f32(Stage st, const std::vector<const ExpertTaps*>& ea,
   const ExpertField f = stage_field(st);
   // One side weighted h before w2 (model.py), the other applies the weight in the accumulation:
   // the unweighted side's h / down are scaled by its own routing weight.
-  const bool scaled = rescale_.active && is_routed_stage(st) && (f == ExpertField::kH || f == ExpertField::kDown);
+  const bool scaled =
+      rescale_.active && is_routed_stage(st) && (f == ExpertField::kH || f == ExpertField::kDown);
   if (scaled)
-    s.note = std::string(rescale_.a_weighted ? "B" : "A") + " scaled by its routing weight (model.py weights h before w2)";
+    s.note = std::string(rescale_.a_weighted ? "B" : "A") +
+             " scaled by its routing weight (model.py weights h before w2)";
   bool any_a = false, any_b = false;
   for (size_t i = 0; i < ea.size(); ++i) {
     const ExpertTaps& xa = *ea[i];
@@ -228,7 +235,8 @@ void LayerDiffer::verdict(LayerDiff& out) {
   for (StageDiff& s : st_) {
     // A stage on one side only fails unless informational; absent is neutral. q8_1 blocks exist
     // only where activations are quantised (not in the reference): one side only is reported.
-    const bool info = std::find(o_.informational.begin(), o_.informational.end(), s.stage) != o_.informational.end() ||
+    const bool info = std::find(o_.informational.begin(), o_.informational.end(), s.stage) !=
+                          o_.informational.end() ||
                       (s.dtype == "block_q8_1" && !s.status.empty());
     if (s.status == "absent") s.pass = true;
     else if (!s.status.empty()) s.pass = info;

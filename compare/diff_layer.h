@@ -16,8 +16,8 @@ namespace moecheck::diff_detail {
 
 // Routing of one layer compared as sets per token; agree[t] says whether token t's sets match.
 // bias: the layer's router bias for key margins (nullptr: logit margins).
-RoutingDiff diff_routing(const LayerTaps& a, const LayerTaps& b, const MoeConfig& c, const float* bias,
-                         std::vector<bool>& agree);
+RoutingDiff diff_routing(const LayerTaps& a, const LayerTaps& b, const MoeConfig& c,
+                         const float* bias, std::vector<bool>& agree);
 
 // Whether one side's expert h / down are scaled by the routing weight before comparing (one side
 // ran model.py's weights-before-w2, the other weights-in-accumulate), and which.
@@ -32,7 +32,8 @@ class LayerDiffer {
               const std::vector<bool>& agree, Rescale rescale);
 
   // input, router_logits (all tokens); acc, output (tokens whose routing agrees).
-  void token_rows(Stage s, bool bf16, const void* pa, const void* pb, int64_t cols, bool all_tokens);
+  void token_rows(Stage s, bool bf16, const void* pa, const void* pb, int64_t cols,
+                  bool all_tokens);
   // topk_ids (the routing diff's flip count) and topk_weights matched by expert id.
   void topk(const RoutingDiff& r);
   // x_q8 of every token.
@@ -49,11 +50,13 @@ class LayerDiffer {
   const Tolerance& tol_for(Stage s) const;
   Mismatch loc(Stage s, int64_t t, int32_t expert, int64_t i) const;
   // One q8_1 row set into `acc`: rows of tokens toks_a / toks_b (matched by token id).
-  void q8_rows(StageAcc& acc, StageDiff& s, const std::vector<BlockQ8_1>& qa, const std::vector<BlockQ8_1>& qb,
-               const std::vector<int32_t>& toks_a, const std::vector<int32_t>& toks_b, int64_t K,
-               int32_t expert, bool down_input);
-  void expert_q8(Stage s, const std::vector<const ExpertTaps*>& ea, const std::vector<const ExpertTaps*>& eb);
-  void expert_f32(Stage s, const std::vector<const ExpertTaps*>& ea, const std::vector<const ExpertTaps*>& eb);
+  void q8_rows(StageAcc& acc, StageDiff& s, const std::vector<BlockQ8_1>& qa,
+               const std::vector<BlockQ8_1>& qb, const std::vector<int32_t>& toks_a,
+               const std::vector<int32_t>& toks_b, int64_t K, int32_t expert, bool down_input);
+  void expert_q8(Stage s, const std::vector<const ExpertTaps*>& ea,
+                 const std::vector<const ExpertTaps*>& eb);
+  void expert_f32(Stage s, const std::vector<const ExpertTaps*>& ea,
+                  const std::vector<const ExpertTaps*>& eb);
 
   const LayerTaps& a_;
   const LayerTaps& b_;

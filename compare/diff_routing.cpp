@@ -17,7 +17,8 @@ std::set<int32_t> pick_set(const std::vector<int32_t>& ids, int64_t t, int64_t k
 }
 
 // k-th key minus (k+1)-th key of one token, keys sorted descending with ties to the lower id.
-double token_margin(const float* logits, int64_t t, const MoeConfig& c, const float* bias, int layer) {
+double token_margin(const float* logits, int64_t t, const MoeConfig& c, const float* bias,
+                    int layer) {
   const int64_t n = c.n_routed, k = c.topk;
   if (k >= n) return std::numeric_limits<double>::infinity();
   std::vector<float> keys(static_cast<size_t>(n));
@@ -37,8 +38,8 @@ double token_margin(const float* logits, int64_t t, const MoeConfig& c, const fl
 
 }  // namespace
 
-RoutingDiff diff_routing(const LayerTaps& a, const LayerTaps& b, const MoeConfig& c, const float* bias,
-                         std::vector<bool>& agree) {
+RoutingDiff diff_routing(const LayerTaps& a, const LayerTaps& b, const MoeConfig& c,
+                         const float* bias, std::vector<bool>& agree) {
   RoutingDiff r;
   r.margin_kind = bias != nullptr ? "key (score + bias)" : "logit";
   const int64_t T = a.tokens, k = c.topk;

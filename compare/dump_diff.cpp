@@ -58,10 +58,12 @@ int64_t explain_flips(LayerDiff& l, double gate_temp) {
   // sigmoid 0.25, softmax 0.5 summed over all logits), so each key moves by at most delta =
   // max_logit / gate_temp (logit margins: max_logit) and a flip that the logit difference
   // explains has its margin within 2 delta on both sides.
-  const double bound = l.routing.margin_kind == "logit" ? 2.0 * max_logit : 2.0 * max_logit / gate_temp;
+  const double bound =
+      l.routing.margin_kind == "logit" ? 2.0 * max_logit : 2.0 * max_logit / gate_temp;
   int64_t explained = 0;
   for (const RoutingFlip& f : l.routing.flip_list)
-    if (f.margin_a <= bound && f.margin_b <= bound) explained += static_cast<int64_t>(f.only_a.size());
+    if (f.margin_a <= bound && f.margin_b <= bound)
+      explained += static_cast<int64_t>(f.only_a.size());
   if (explained != l.routing.flips) return explained;
   l.pass = true;
   for (StageDiff& s : l.stages) {
@@ -90,7 +92,8 @@ LayerDiff diff_layer(const Dump& A, const Dump& B, size_t li, const DiffOptions&
   rescale.active = rescale.a_weighted != (B.meta.routing_weight_at == "h");
   LayerDiffer d(a, b, c, o, agree, rescale);
   d.token_rows(Stage::kInput, true, a.input.data(), b.input.data(), c.dim, true);
-  d.token_rows(Stage::kRouterLogits, false, a.router_logits.data(), b.router_logits.data(), c.n_routed, true);
+  d.token_rows(Stage::kRouterLogits, false, a.router_logits.data(), b.router_logits.data(),
+               c.n_routed, true);
   d.topk(ld.routing);
   d.x_q8();
   if (A.meta.taps && B.meta.taps) {
@@ -112,7 +115,8 @@ DiffReport diff_dumps(const Dump& A, const Dump& B, const DiffOptions& o) {
   rep.b_path = B.path;
   rep.tolerance = o.tolerance;
   if (A.meta.taps != B.meta.taps)
-    rep.note = std::string("tap stages not compared: only ") + (A.meta.taps ? "A" : "B") + " was run with --taps";
+    rep.note = std::string("tap stages not compared: only ") + (A.meta.taps ? "A" : "B") +
+               " was run with --taps";
   for (size_t li = 0; li < A.layers.size(); ++li) {
     rep.layers.push_back(diff_layer(A, B, li, o));
     rep.same = rep.same && rep.layers.back().pass;

@@ -38,31 +38,31 @@ struct Tolerance {
 struct Mismatch {
   int layer = 0;
   Stage stage = Stage::kOutput;
-  int64_t token = -1;    // -1: not token-indexed
-  int32_t expert = -1;   // routed expert id; -1 none (shared stages say "shared" in stage)
-  int64_t index = 0;     // column (element within the token's row) or q8_1 block
-  double a = 0, b = 0;   // values (q8_1: the differing byte)
+  int64_t token = -1;   // -1: not token-indexed
+  int32_t expert = -1;  // routed expert id; -1 none (shared stages say "shared" in stage)
+  int64_t index = 0;    // column (element within the token's row) or q8_1 block
+  double a = 0, b = 0;  // values (q8_1: the differing byte)
   uint32_t a_bits = 0, b_bits = 0;
   uint64_t ulp = 0;
-  std::string where;     // the weight row / q8_1 block / super-block and sub-block it maps to
+  std::string where;  // the weight row / q8_1 block / super-block and sub-block it maps to
 };
 
 struct StageDiff {
   Stage stage = Stage::kOutput;
-  std::string dtype;          // "bfloat16", "float32", "int32", "block_q8_1"
-  std::string status;         // "" compared; "only in A", "only in B", "absent"
-  int64_t compared = 0;       // elements compared
-  int64_t skipped_tokens = 0; // token rows left out because the token's routing differs
+  std::string dtype;           // "bfloat16", "float32", "int32", "block_q8_1"
+  std::string status;          // "" compared; "only in A", "only in B", "absent"
+  int64_t compared = 0;        // elements compared
+  int64_t skipped_tokens = 0;  // token rows left out because the token's routing differs
   double max_abs = 0;
   double max_rel = 0;
   uint64_t max_ulp = 0;
   double sum_sq_a = 0;
   double sum_sq_diff = 0;
-  double nmse = 0;            // sum_sq_diff / sum_sq_a (0 when both are 0, +inf when only A's is 0)
-  int64_t nan_mismatch = 0;   // elements where either side is NaN and they do not count as equal
-  int64_t out_of_tol = 0;     // elements outside the tolerance (kNmse: elements not bit-equal)
+  double nmse = 0;           // sum_sq_diff / sum_sq_a (0 when both are 0, +inf when only A's is 0)
+  int64_t nan_mismatch = 0;  // elements where either side is NaN and they do not count as equal
+  int64_t out_of_tol = 0;    // elements outside the tolerance (kNmse: elements not bit-equal)
   bool pass = true;
-  std::string note;           // e.g. "B scaled by its routing weight"
+  std::string note;             // e.g. "B scaled by its routing weight"
   std::vector<Mismatch> first;  // up to kMaxMismatches, in storage order
 };
 
@@ -74,9 +74,9 @@ struct RoutingFlip {
 };
 
 struct RoutingDiff {
-  std::string margin_kind;     // "key (score + bias)" with a model, "logit" without
+  std::string margin_kind;  // "key (score + bias)" with a model, "logit" without
   int64_t tokens_differ = 0;
-  int64_t flips = 0;           // sum over tokens of |only_a|
+  int64_t flips = 0;  // sum over tokens of |only_a|
   std::vector<RoutingFlip> flip_list;
   std::vector<int64_t> hist_a, hist_b;  // tokens per expert
 };
@@ -95,11 +95,12 @@ struct LayerDiff {
 // recorded must have equal digests (else the dumps are not comparable); slices only one side
 // read are listed; files that differ elsewhere are not refused.
 struct ModelMatch {
-  std::string kind;                          // "slices", "file" (whole-file digests equal) or "unverified"
-  int64_t common = 0;                        // slices both recorded, all equal
-  std::vector<std::string> only_a, only_b;   // slices one side recorded ("blk.0.ffn_gate_exps.weight[expert 3]")
-  bool header_differs = false;               // both recorded the GGUF header's digest and they differ
-  std::string note;                          // one line for the report
+  std::string kind;    // "slices", "file" (whole-file digests equal) or "unverified"
+  int64_t common = 0;  // slices both recorded, all equal
+  std::vector<std::string> only_a,
+      only_b;                   // slices one side recorded ("blk.0.ffn_gate_exps.weight[expert 3]")
+  bool header_differs = false;  // both recorded the GGUF header's digest and they differ
+  std::string note;             // one line for the report
 };
 
 struct DiffReport {

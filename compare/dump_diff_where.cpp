@@ -15,7 +15,8 @@ std::string input_element(int64_t k, const std::string& weights) {
 }
 
 std::string expert_tensor(const char* stem, int32_t expert) {
-  return expert < 0 ? std::string("ffn_") + stem + "_shexp" : std::string("ffn_") + stem + "_exps[" + std::to_string(expert) + "]";
+  return expert < 0 ? std::string("ffn_") + stem + "_shexp"
+                    : std::string("ffn_") + stem + "_exps[" + std::to_string(expert) + "]";
 }
 
 }  // namespace
@@ -24,13 +25,17 @@ std::string where_input_element(const MoeConfig&, int64_t k) {
   return "x element " + std::to_string(k) + ": " + input_element(k, "ffn_gate_exps / ffn_up_exps");
 }
 
-std::string where_router_row(int64_t e) { return "router row " + std::to_string(e) + " (ffn_gate_inp)"; }
+std::string where_router_row(int64_t e) {
+  return "router row " + std::to_string(e) + " (ffn_gate_inp)";
+}
 
 std::string where_q8_block(const MoeConfig&, int64_t g, bool down_input, int32_t expert) {
-  const std::string w = down_input ? expert_tensor("down", expert) : std::string("ffn_gate_exps / ffn_up_exps");
+  const std::string w =
+      down_input ? expert_tensor("down", expert) : std::string("ffn_gate_exps / ffn_up_exps");
   return "q8_1 block " + std::to_string(g) + " (elements " + std::to_string(g * kQK8_1) + ".." +
-         std::to_string(g * kQK8_1 + kQK8_1 - 1) + "), super-block " + std::to_string(g * kQK8_1 / kQK_K) +
-         " sub-blocks " + std::to_string((g * kQK8_1 % kQK_K) / 16) + "-" +
+         std::to_string(g * kQK8_1 + kQK8_1 - 1) + "), super-block " +
+         std::to_string(g * kQK8_1 / kQK_K) + " sub-blocks " +
+         std::to_string((g * kQK8_1 % kQK_K) / 16) + "-" +
          std::to_string((g * kQK8_1 % kQK_K) / 16 + 1) + " of every " + w + " row";
 }
 
@@ -39,17 +44,19 @@ std::string where_expert_element(const MoeConfig& c, ExpertField f, int32_t expe
   if (f == ExpertField::kWeights) return "routing weight";
   if (f == ExpertField::kGate || f == ExpertField::kUp) {
     const std::string t = expert_tensor(f == ExpertField::kGate ? "gate" : "up", expert);
-    return "weight row " + std::to_string(j) + " of " + t + (shared ? "" : " (Q2_K blocks 0.." +
-           std::to_string(c.dim / kQK_K - 1) + ")");
+    return "weight row " + std::to_string(j) + " of " + t +
+           (shared ? "" : " (Q2_K blocks 0.." + std::to_string(c.dim / kQK_K - 1) + ")");
   }
   if (f == ExpertField::kH)
-    return "h element " + std::to_string(j) + ": " + input_element(j, expert_tensor("down", expert));
+    return "h element " + std::to_string(j) + ": " +
+           input_element(j, expert_tensor("down", expert));
   return "weight row " + std::to_string(j) + " of " + expert_tensor("down", expert) +
          (shared ? "" : " (Q3_K blocks 0.." + std::to_string(c.inter / kQK_K - 1) + ")");
 }
 
 std::string where_output_column(int64_t j) {
-  return "column " + std::to_string(j) + ": weight row " + std::to_string(j) + " of the picked ffn_down_exps and ffn_down_shexp";
+  return "column " + std::to_string(j) + ": weight row " + std::to_string(j) +
+         " of the picked ffn_down_exps and ffn_down_shexp";
 }
 
 std::string q8_field_name(int i) {

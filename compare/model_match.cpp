@@ -31,7 +31,8 @@ std::string layer_list(const std::vector<int32_t>& v) {
 void check_shapes(const DumpMeta& a, const DumpMeta& b, const std::string& both) {
   const MoeConfig &x = a.config, &y = b.config;
   auto field = [&](const char* f, const std::string& u, const std::string& v) {
-    if (u != v) throw InputError(both + "different configs: attribute config." + f + " is " + u + " vs " + v);
+    if (u != v)
+      throw InputError(both + "different configs: attribute config." + f + " is " + u + " vs " + v);
   };
   field("dim", std::to_string(x.dim), std::to_string(y.dim));
   field("inter", std::to_string(x.inter), std::to_string(y.inter));
@@ -44,11 +45,11 @@ void check_shapes(const DumpMeta& a, const DumpMeta& b, const std::string& both)
   field("gate_temp", fmt_float(x.gate_temp), fmt_float(y.gate_temp));
   field("norm_topk_prob", std::to_string(x.norm_topk_prob), std::to_string(y.norm_topk_prob));
   if (a.tokens != b.tokens)
-    throw InputError(both + "different token counts (attribute tokens): " + std::to_string(a.tokens) + " vs " +
-                     std::to_string(b.tokens));
+    throw InputError(both + "different token counts (attribute tokens): " +
+                     std::to_string(a.tokens) + " vs " + std::to_string(b.tokens));
   if (a.layers != b.layers)
-    throw InputError(both + "different layer lists (attribute layers): " + layer_list(a.layers) + " vs " +
-                     layer_list(b.layers));
+    throw InputError(both + "different layer lists (attribute layers): " + layer_list(a.layers) +
+                     " vs " + layer_list(b.layers));
 }
 
 // Slices of both dumps layer by layer: equal digests where both recorded one, the rest listed.
@@ -64,17 +65,19 @@ void match_slices(const Dump& a, const Dump& b, const std::string& both, ModelMa
         continue;
       }
       if (it->second->sha256 != h.sha256)
-        throw InputError(both + "different weights: " + slice_name(L, h.tensor, h.expert) + " has sha256 " +
-                         h.sha256 + " in A, " + it->second->sha256 + " in B");
+        throw InputError(both + "different weights: " + slice_name(L, h.tensor, h.expert) +
+                         " has sha256 " + h.sha256 + " in A, " + it->second->sha256 + " in B");
       ++m.common;
       in_b.erase(it);
     }
-    for (const auto& kv : in_b) m.only_b.push_back(slice_name(L, kv.second->tensor, kv.second->expert));
+    for (const auto& kv : in_b)
+      m.only_b.push_back(slice_name(L, kv.second->tensor, kv.second->expert));
   }
 }
 
 std::string recorded(const Dump& d) {
-  if (!d.slices.empty()) return d.meta.model_sha256.empty() ? "slice digests" : "slice and whole-file digests";
+  if (!d.slices.empty())
+    return d.meta.model_sha256.empty() ? "slice digests" : "slice and whole-file digests";
   return d.meta.model_sha256.empty() ? "no digests" : "the whole-file digest only";
 }
 
@@ -93,8 +96,9 @@ ModelMatch check_comparable(const Dump& a, const Dump& b) {
   }
   if (!slices) {
     if (files)
-      throw InputError(both + "different model files (attribute model_sha256): " + a.meta.model_file + " " +
-                       a.meta.model_sha256 + " vs " + b.meta.model_file + " " + b.meta.model_sha256);
+      throw InputError(
+          both + "different model files (attribute model_sha256): " + a.meta.model_file + " " +
+          a.meta.model_sha256 + " vs " + b.meta.model_file + " " + b.meta.model_sha256);
     m.kind = "unverified";
     m.note = "model identity not checked: A records " + recorded(a) + ", B " + recorded(b) +
              " (run both with --hash-file, or both with this version, to compare them)";
@@ -104,10 +108,11 @@ ModelMatch check_comparable(const Dump& a, const Dump& b) {
   m.kind = "slices";
   m.header_differs = !a.meta.model_header_sha256.empty() && !b.meta.model_header_sha256.empty() &&
                      a.meta.model_header_sha256 != b.meta.model_header_sha256;
-  m.note = "same tensors: " + std::to_string(m.common) + " tensor / expert slice(s) both read have equal sha256";
+  m.note = "same tensors: " + std::to_string(m.common) +
+           " tensor / expert slice(s) both read have equal sha256";
   if (!m.only_a.empty() || !m.only_b.empty())
-    m.note += "; " + std::to_string(m.only_a.size()) + " read by A only, " + std::to_string(m.only_b.size()) +
-              " by B only";
+    m.note += "; " + std::to_string(m.only_a.size()) + " read by A only, " +
+              std::to_string(m.only_b.size()) + " by B only";
   if (m.header_differs) m.note += "; the GGUF headers differ (metadata or tensor layout)";
   return m;
 }

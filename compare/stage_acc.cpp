@@ -32,7 +32,9 @@ Elem f32_pair(float a, float b) {
   return Elem{a, b, x, y, ulp_distance_f32(x, y)};
 }
 
-Elem bf16_pair(uint16_t a, uint16_t b) { return Elem{bf16_to_f32(a), bf16_to_f32(b), a, b, ulp_distance_bf16(a, b)}; }
+Elem bf16_pair(uint16_t a, uint16_t b) {
+  return Elem{bf16_to_f32(a), bf16_to_f32(b), a, b, ulp_distance_bf16(a, b)};
+}
 
 void StageAcc::record(Mismatch m) {
   ++s_.out_of_tol;
@@ -82,7 +84,8 @@ void StageAcc::add_q8(const BlockQ8_1& a, const BlockQ8_1& b, const Mismatch& lo
     m.a_bits = pa[i];
     m.b_bits = pb[i];
     if (s_.first.size() < kMaxMismatches)
-      m.where = where() + ", byte " + std::to_string(i) + " (" + q8_field_name(static_cast<int>(i)) + ")";
+      m.where =
+          where() + ", byte " + std::to_string(i) + " (" + q8_field_name(static_cast<int>(i)) + ")";
     record(std::move(m));
   }
 }
@@ -90,7 +93,8 @@ void StageAcc::add_q8(const BlockQ8_1& a, const BlockQ8_1& b, const Mismatch& lo
 void StageAcc::finish(bool q8) {
   if (s_.sum_sq_a > 0) s_.nmse = s_.sum_sq_diff / s_.sum_sq_a;
   else s_.nmse = s_.sum_sq_diff > 0 ? kInf : 0.0;
-  if (tol_.mode == ToleranceMode::kNmse && !q8) s_.pass = s_.nmse <= tol_.nmse && s_.nan_mismatch == 0;
+  if (tol_.mode == ToleranceMode::kNmse && !q8)
+    s_.pass = s_.nmse <= tol_.nmse && s_.nan_mismatch == 0;
   else s_.pass = s_.out_of_tol == 0;
 }
 

@@ -33,7 +33,8 @@ struct BlockQ2K {
 };
 static_assert(sizeof(BlockQ2K) == 84, "block_q2_K is 84 bytes");
 static_assert(offsetof(BlockQ2K, qs) == 16 && offsetof(BlockQ2K, d) == 80 &&
-              offsetof(BlockQ2K, dmin) == 82, "block_q2_K field offsets");
+                  offsetof(BlockQ2K, dmin) == 82,
+              "block_q2_K field offsets");
 
 // ggml's block_q3_K: 3-bit quants (low 2 bits in qs, high bit in hmask), 16 signed 6-bit scales.
 struct BlockQ3K {
@@ -44,7 +45,8 @@ struct BlockQ3K {
 };
 static_assert(sizeof(BlockQ3K) == 110, "block_q3_K is 110 bytes");
 static_assert(offsetof(BlockQ3K, qs) == 32 && offsetof(BlockQ3K, scales) == 96 &&
-              offsetof(BlockQ3K, d) == 108, "block_q3_K field offsets");
+                  offsetof(BlockQ3K, d) == 108,
+              "block_q3_K field offsets");
 
 // ggml's block_q8_1: 32 int8 quants with an f16 scale d and an f16 "sum" s.
 struct BlockQ8_1 {

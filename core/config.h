@@ -15,15 +15,15 @@ std::string to_string(ScoreFunc f);
 ScoreFunc parse_score_func(const std::string& name, const std::string& where);
 
 struct MoeConfig {
-  int64_t dim = 0;           // model.py dim
-  int64_t inter = 0;         // moe_inter_dim
-  int64_t n_routed = 0;      // n_routed_experts
-  int64_t topk = 0;          // n_activated_experts
-  int64_t n_shared = 1;      // n_shared_experts (model.py asserts 1)
+  int64_t dim = 0;       // model.py dim
+  int64_t inter = 0;     // moe_inter_dim
+  int64_t n_routed = 0;  // n_routed_experts
+  int64_t topk = 0;      // n_activated_experts
+  int64_t n_shared = 1;  // n_shared_experts (model.py asserts 1)
   ScoreFunc score_func = ScoreFunc::kSqrtSoftplus;
-  float route_scale = 1.0f;  // route_scale
-  float swiglu_limit = 0.0f; // swiglu_limit; no clamp when <= 0
-  float gate_temp = 1.0f;    // gate_temp (1 when absent)
+  float route_scale = 1.0f;   // route_scale
+  float swiglu_limit = 0.0f;  // swiglu_limit; no clamp when <= 0
+  float gate_temp = 1.0f;     // gate_temp (1 when absent)
   bool norm_topk_prob = true;
 
   // Throws InputError naming `where` (a file, a preset) and the field when the config cannot

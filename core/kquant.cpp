@@ -255,7 +255,8 @@ void quantize_block_q3_K(const float* x, BlockQ3K& y) {
       } else {
         y.scales[j - 8] = static_cast<uint8_t>(y.scales[j - 8] | ((ls & 0xF) << 4));
       }
-      y.scales[8 + j % 4] = static_cast<uint8_t>(y.scales[8 + j % 4] | ((ls >> 4) << (2 * (j / 4))));
+      y.scales[8 + j % 4] =
+          static_cast<uint8_t>(y.scales[8 + j % 4] | ((ls >> 4) << (2 * (j / 4))));
     }
     y.d = f32_to_f16(1 / iscale);
   } else {
@@ -361,8 +362,8 @@ void dequantize_row(GgmlType type, const uint8_t* row, float* y, int64_t k) {
       return;
     case GgmlType::kF16:
     case GgmlType::kBF16: {
-      check_row_length(type == GgmlType::kF16 ? "dequantize_row(F16)" : "dequantize_row(BF16)",
-                       k, 1);
+      check_row_length(type == GgmlType::kF16 ? "dequantize_row(F16)" : "dequantize_row(BF16)", k,
+                       1);
       for (int64_t i = 0; i < k; ++i) {
         uint16_t h;
         std::memcpy(&h, row + 2 * i, sizeof h);
@@ -388,8 +389,7 @@ void dequantize_row(GgmlType type, const uint8_t* row, float* y, int64_t k) {
       }
       return;
     }
-    case GgmlType::kQ8_1:
-      break;
+    case GgmlType::kQ8_1: break;
   }
   throw InputError("dequantize_row: ggml type " + std::to_string(static_cast<uint32_t>(type)) +
                    " is not supported (expected F32 = 0, F16 = 1, BF16 = 30, Q2_K = 10 or "

@@ -1,6 +1,6 @@
 // The ggml K-quant weight quantisers for Q2_K and Q3_K, following ggml's published algorithms
-// (quantize_row_q2_K_ref / quantize_row_q3_K_ref, ggml's src/ggml-quants.c at d99724f2), and exact row
-// dequantisers. Host only; compiled with -ffp-contract=off so results do not depend on FMA.
+// (quantize_row_q2_K_ref / quantize_row_q3_K_ref, ggml's src/ggml-quants.c at d99724f2), and exact
+// row dequantisers. Host only; compiled with -ffp-contract=off so results do not depend on FMA.
 #pragma once
 
 #include <cstdint>

@@ -11,18 +11,20 @@ namespace moecheck {
 namespace {
 
 // Pair rows of every used expert: tokens ascending (picks are walked in token order).
-void number_pairs(const Routing& r, int64_t n_routed, LayerPlan& p, std::vector<std::vector<int32_t>>& tok_of) {
+void number_pairs(const Routing& r, int64_t n_routed, LayerPlan& p,
+                  std::vector<std::vector<int32_t>>& tok_of) {
   const int64_t K = r.topk;
   tok_of.assign(static_cast<size_t>(n_routed), {});
   for (int64_t i = 0; i < r.tokens * K; ++i) {
     const int32_t e = r.ids[static_cast<size_t>(i)];
     const int64_t t = i / K;
     if (e < 0 || e >= n_routed)
-      throw InputError("layer plan: token " + std::to_string(t) + " picks expert " + std::to_string(e) +
-                       ", outside [0, " + std::to_string(n_routed) + ")");
+      throw InputError("layer plan: token " + std::to_string(t) + " picks expert " +
+                       std::to_string(e) + ", outside [0, " + std::to_string(n_routed) + ")");
     std::vector<int32_t>& toks = tok_of[static_cast<size_t>(e)];
     if (!toks.empty() && toks.back() == t)
-      throw InputError("layer plan: token " + std::to_string(t) + " picks expert " + std::to_string(e) + " twice");
+      throw InputError("layer plan: token " + std::to_string(t) + " picks expert " +
+                       std::to_string(e) + " twice");
     toks.push_back(static_cast<int32_t>(t));
   }
   int64_t next = 0;
@@ -69,7 +71,8 @@ void make_groups(LayerPlan& p) {
 }
 
 // Each pair's routing weight, and each token's pair rows and weights in ascending expert id.
-void make_accumulation(const Routing& r, const std::vector<std::vector<int32_t>>& tok_of, LayerPlan& p) {
+void make_accumulation(const Routing& r, const std::vector<std::vector<int32_t>>& tok_of,
+                       LayerPlan& p) {
   const int64_t T = r.tokens, K = r.topk;
   p.pair_weight.assign(static_cast<size_t>(p.pairs()), 0.0f);
   p.acc_rows.assign(static_cast<size_t>(T * K), 0);
@@ -119,8 +122,8 @@ std::vector<const uint8_t*> plan_slots(const LayerPlan& p, const uint8_t* gate, 
   return slots;
 }
 
-void fold_routed_taps(const LayerPlan& p, const float* gu, const float* h, const BlockQ8_1* hq, const float* down,
-                      int64_t inter, int64_t dim, std::vector<ExpertTaps>& out) {
+void fold_routed_taps(const LayerPlan& p, const float* gu, const float* h, const BlockQ8_1* hq,
+                      const float* down, int64_t inter, int64_t dim, std::vector<ExpertTaps>& out) {
   const int64_t U = p.n_experts(), P = p.pairs(), nb = inter / kQK8_1;
   out.clear();
   for (int64_t u = 0; u < U; ++u) {

@@ -33,15 +33,15 @@ struct MmvqGroup {
 struct LayerPlan {
   int64_t tokens = 0;
   int64_t topk = 0;
-  std::vector<int32_t> experts;      // [U] distinct picked experts, ascending
-  std::vector<int64_t> first_pair;   // [U] first pair row of expert u
-  std::vector<int32_t> pair_token;   // [P] token of pair row p
-  std::vector<float> pair_weight;    // [P] routing weight of pair row p
-  std::vector<MmvqGroup> groups;     // the gate groups, then the up groups, then the down groups
-  int64_t n_proj_groups = 0;         // groups per projection (gate = up = down)
-  int max_group_rows = 1;            // the largest group's n: sizes the MMVQ shared memory
-  std::vector<int32_t> acc_rows;     // [T, topk] token t's pair rows in ascending expert id
-  std::vector<float> acc_weights;    // [T, topk] their routing weights
+  std::vector<int32_t> experts;     // [U] distinct picked experts, ascending
+  std::vector<int64_t> first_pair;  // [U] first pair row of expert u
+  std::vector<int32_t> pair_token;  // [P] token of pair row p
+  std::vector<float> pair_weight;   // [P] routing weight of pair row p
+  std::vector<MmvqGroup> groups;    // the gate groups, then the up groups, then the down groups
+  int64_t n_proj_groups = 0;        // groups per projection (gate = up = down)
+  int max_group_rows = 1;           // the largest group's n: sizes the MMVQ shared memory
+  std::vector<int32_t> acc_rows;    // [T, topk] token t's pair rows in ascending expert id
+  std::vector<float> acc_weights;   // [T, topk] their routing weights
 
   int64_t pairs() const { return tokens * topk; }
   int64_t n_experts() const { return static_cast<int64_t>(experts.size()); }
@@ -64,7 +64,7 @@ std::vector<const uint8_t*> plan_slots(const LayerPlan& p, const uint8_t* gate, 
 // The routed experts' taps from the pair-row buffers: gu [2P, inter] (gate rows, then up
 // rows), h [P, inter], hq [P, inter / 32], down [P, dim]; one ExpertTaps per used expert in
 // ascending id, its tokens ascending, weights = the pairs' routing weights.
-void fold_routed_taps(const LayerPlan& p, const float* gu, const float* h, const BlockQ8_1* hq, const float* down,
-                      int64_t inter, int64_t dim, std::vector<ExpertTaps>& out);
+void fold_routed_taps(const LayerPlan& p, const float* gu, const float* h, const BlockQ8_1* hq,
+                      const float* down, int64_t inter, int64_t dim, std::vector<ExpertTaps>& out);
 
 }  // namespace moecheck

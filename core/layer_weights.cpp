@@ -36,10 +36,13 @@ bool dequantizable(GgmlType t) {
 class Validator {
  public:
   Validator(const LayerWeights& w, const std::string& who, WeightTypes types)
-      : w_(w), where_(who + ": layer " + std::to_string(w.layer)), kernel_(types == WeightTypes::kKernel) {}
+      : w_(w),
+        where_(who + ": layer " + std::to_string(w.layer)),
+        kernel_(types == WeightTypes::kKernel) {}
 
   [[noreturn]] void fail(const std::string& tensor, const std::string& msg) const {
-    throw InputError(where_ + ": tensor blk." + std::to_string(w_.layer) + "." + tensor + ": " + msg);
+    throw InputError(where_ + ": tensor blk." + std::to_string(w_.layer) + "." + tensor + ": " +
+                     msg);
   }
 
   void stack(const std::string& name, const ExpertStackView& s, int64_t rows, int64_t cols) const {
@@ -47,12 +50,14 @@ class Validator {
     if (s.data == nullptr) fail(name, "missing");
     const bool type_ok = kernel_ ? k_quant(s.type) : dequantizable(s.type);
     if (!type_ok || s.rows != rows || s.cols != cols || s.n_experts < c.n_routed)
-      fail(name, "expected " + std::to_string(c.n_routed) + " experts of " + shape(rows, cols) + " in " +
-                     (kernel_ ? "Q2_K or Q3_K" : "F32, F16, BF16, Q2_K or Q3_K") + ", found " +
-                     std::to_string(s.n_experts) + " experts of " + shape(s.rows, s.cols) + " in " + type_name(s.type));
+      fail(name, "expected " + std::to_string(c.n_routed) + " experts of " + shape(rows, cols) +
+                     " in " + (kernel_ ? "Q2_K or Q3_K" : "F32, F16, BF16, Q2_K or Q3_K") +
+                     ", found " + std::to_string(s.n_experts) + " experts of " +
+                     shape(s.rows, s.cols) + " in " + type_name(s.type));
   }
 
-  void shared(const std::string& name, const MatView& m, bool dense, int64_t rows, int64_t cols) const {
+  void shared(const std::string& name, const MatView& m, bool dense, int64_t rows,
+              int64_t cols) const {
     if (m.data == nullptr) fail(name, "missing");
     std::string want = "F32, F16, BF16, Q2_K or Q3_K ";
     bool type_ok = dequantizable(m.type);
@@ -62,8 +67,8 @@ class Validator {
     }
     if (!type_ok || m.rows != rows || m.cols != cols)
       fail(name, "expected " + want + shape(rows, cols) +
-                     (kernel_ ? " (the shared expert is all BF16 or all K-quant)" : "") + ", found " +
-                     type_name(m.type) + " " + shape(m.rows, m.cols));
+                     (kernel_ ? " (the shared expert is all BF16 or all K-quant)" : "") +
+                     ", found " + type_name(m.type) + " " + shape(m.rows, m.cols));
   }
 
   void run() const {

@@ -35,10 +35,10 @@ MOECHECK_HD float pexp(float x) {
   if (!(x == x)) return add_rn(x, x);  // NaN: the canonical NaN of an arithmetic result
   if (x >= kPexpOverflow) return bits_f32(0x7F800000u);
   if (x < kPexpUnderflow) return 0.0f;
-  constexpr float kLog2e = 1.44269502162933349609375f;        // 0x3FB8AA3B
-  constexpr float kShifter = 12582912.0f;                     // 1.5 * 2^23
-  constexpr float kLn2Hi = 0.693145751953125f;                // 0x3F317200
-  constexpr float kLn2Lo = 1.428606765330187045e-06f;         // 0x35BFBE8E
+  constexpr float kLog2e = 1.44269502162933349609375f;  // 0x3FB8AA3B
+  constexpr float kShifter = 12582912.0f;               // 1.5 * 2^23
+  constexpr float kLn2Hi = 0.693145751953125f;          // 0x3F317200
+  constexpr float kLn2Lo = 1.428606765330187045e-06f;   // 0x35BFBE8E
   const float kn = sub_rn(add_rn(mul_rn(x, kLog2e), kShifter), kShifter);
   const int n = static_cast<int>(kn);
   float r = fma_rn(-kn, kLn2Hi, x);

@@ -59,9 +59,10 @@ Routing route_from_logits(const float* logits, int64_t tokens, const float* bias
   const std::string where = "layer " + std::to_string(layer);
   if (n <= 0) throw InputError(where + ": routing needs n_routed > 0, found " + std::to_string(n));
   if (k <= 0 || k > n)
-    throw InputError(where + ": routing needs topk in [1, n_routed=" + std::to_string(n) + "], found " +
-                     std::to_string(k));
-  if (tokens < 0) throw InputError(where + ": routing token count is negative: " + std::to_string(tokens));
+    throw InputError(where + ": routing needs topk in [1, n_routed=" + std::to_string(n) +
+                     "], found " + std::to_string(k));
+  if (tokens < 0)
+    throw InputError(where + ": routing token count is negative: " + std::to_string(tokens));
 
   Routing r;
   r.tokens = tokens;
@@ -87,8 +88,8 @@ Routing route_from_logits(const float* logits, int64_t tokens, const float* bias
       if (std::isnan(keys[e])) bad = e;
     if (bad >= 0)
       throw InputError(where + " token " + std::to_string(t) + " expert " + std::to_string(bad) +
-                       ": routing key is NaN (logit " + fmt_float(z[bad]) + ", score " + fmt_float(s[bad]) +
-                       ", bias " + fmt_float(bias[bad]) + ")");
+                       ": routing key is NaN (logit " + fmt_float(z[bad]) + ", score " +
+                       fmt_float(s[bad]) + ", bias " + fmt_float(bias[bad]) + ")");
 
     // .topk(self.topk): the k largest keys, descending; the seeds' stable sort sends exact ties
     // (+0 and -0 included) to the lower expert id.

@@ -20,8 +20,8 @@ inline constexpr int kWarpSize = 32;
 inline constexpr int kGemvChunk = 8;              // bf16 values per lane step (router, bf16_gemv)
 inline constexpr int kRouterStagedThreads = 256;  // threads per row in RouterVariant::kStaged
 inline constexpr int kRouterStagedWarps = kRouterStagedThreads / kWarpSize;
-inline constexpr int kMaxGroupRows = 8;           // token rows per MMVQ launch group
-inline constexpr int kQ8PerSuperBlock = 8;        // q8_1 blocks (MMVQ units) per 256-value block
+inline constexpr int kMaxGroupRows = 8;     // token rows per MMVQ launch group
+inline constexpr int kQ8PerSuperBlock = 8;  // q8_1 blocks (MMVQ units) per 256-value block
 inline constexpr int kDefaultExpertWarps = 8;
 
 // Warps per CUDA block in the expert MMVQ kernels; results never depend on the choice.

@@ -53,7 +53,8 @@ bool is_routed_stage(Stage s) { return s >= Stage::kExpertsWeights && s <= Stage
 bool is_shared_stage(Stage s) { return s >= Stage::kSharedWeights && s <= Stage::kSharedDown; }
 
 ExpertField stage_field(Stage s) {
-  const int first = static_cast<int>(is_shared_stage(s) ? Stage::kSharedWeights : Stage::kExpertsWeights);
+  const int first =
+      static_cast<int>(is_shared_stage(s) ? Stage::kSharedWeights : Stage::kExpertsWeights);
   return static_cast<ExpertField>(static_cast<int>(s) - first);
 }
 

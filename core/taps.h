@@ -59,28 +59,29 @@ Stage expert_stage(bool shared, ExpertField f);
 bool parse_stage(const std::string& name, Stage* out);
 
 struct ExpertTaps {
-  int32_t expert = -1;            // routed expert id; -1 for the shared expert
-  std::vector<int32_t> tokens;    // the tokens that picked it, ascending
-  std::vector<float> weights;     // [n_tok] routing weight of this expert for each token (1 for shared)
-  std::vector<float> gate;        // [n_tok, inter] w1 . x
-  std::vector<float> up;          // [n_tok, inter] w3 . x
-  std::vector<float> h;           // [n_tok, inter] the down projection's input, before q8_1 / bf16
-  std::vector<BlockQ8_1> h_q8;    // [n_tok, inter / 32] (emu, cuda)
-  std::vector<float> down;        // [n_tok, dim] w2 . h
+  int32_t expert = -1;          // routed expert id; -1 for the shared expert
+  std::vector<int32_t> tokens;  // the tokens that picked it, ascending
+  std::vector<float>
+      weights;              // [n_tok] routing weight of this expert for each token (1 for shared)
+  std::vector<float> gate;  // [n_tok, inter] w1 . x
+  std::vector<float> up;    // [n_tok, inter] w3 . x
+  std::vector<float> h;     // [n_tok, inter] the down projection's input, before q8_1 / bf16
+  std::vector<BlockQ8_1> h_q8;  // [n_tok, inter / 32] (emu, cuda)
+  std::vector<float> down;      // [n_tok, dim] w2 . h
 };
 
 struct LayerTaps {
   int layer = 0;
   int64_t tokens = 0;
-  std::vector<uint16_t> input;          // bf16 [T, dim]
-  std::vector<float> router_logits;     // [T, n_routed] raw dot products (before / gate_temp)
-  std::vector<int32_t> topk_ids;        // [T, topk] descending key order
-  std::vector<float> topk_weights;      // [T, topk]
-  std::vector<BlockQ8_1> x_q8;          // [T, dim / 32] (emu, cuda)
-  std::vector<ExpertTaps> experts;      // routed experts that some token picked, ascending id
-  ExpertTaps shared;                    // the shared expert on all tokens
-  std::vector<float> acc;               // [T, dim] f32 accumulator before the final rounding
-  std::vector<uint16_t> output;         // bf16 [T, dim]
+  std::vector<uint16_t> input;       // bf16 [T, dim]
+  std::vector<float> router_logits;  // [T, n_routed] raw dot products (before / gate_temp)
+  std::vector<int32_t> topk_ids;     // [T, topk] descending key order
+  std::vector<float> topk_weights;   // [T, topk]
+  std::vector<BlockQ8_1> x_q8;       // [T, dim / 32] (emu, cuda)
+  std::vector<ExpertTaps> experts;   // routed experts that some token picked, ascending id
+  ExpertTaps shared;                 // the shared expert on all tokens
+  std::vector<float> acc;            // [T, dim] f32 accumulator before the final rounding
+  std::vector<uint16_t> output;      // bf16 [T, dim]
 };
 
 // The shared expert's identity in the taps: expert -1, every token 0..T-1 in order, weight 1.

@@ -4,10 +4,10 @@
 // Contract: docs/numerics.md "accumulate, finish"; twins: emu::accumulate, emu::finish.
 #include <string>
 
+#include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
 #include "cuda/kernels.h"
-#include "core/error.h"
 
 namespace moecheck::cuda {
 namespace {
@@ -31,7 +31,8 @@ __global__ void __launch_bounds__(kThreads)
   if (y != nullptr) y[i] = f32_to_bf16(a);
 }
 
-__global__ void __launch_bounds__(kThreads) finish_kernel(const float* acc, uint16_t* y, int64_t n) {
+__global__ void __launch_bounds__(kThreads)
+    finish_kernel(const float* acc, uint16_t* y, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i < n) y[i] = f32_to_bf16(__ldg(acc + i));
 }
@@ -39,10 +40,12 @@ __global__ void __launch_bounds__(kThreads) finish_kernel(const float* acc, uint
 }  // namespace
 
 void accumulate(const int32_t* rows, const float* weights, int64_t topk, const float* down,
-                const float* shared, float* acc, uint16_t* y, int64_t T, int64_t dim, void* stream) {
+                const float* shared, float* acc, uint16_t* y, int64_t T, int64_t dim,
+                void* stream) {
   if (T < 0 || dim <= 0 || topk < 0)
-    throw InputError("cuda::accumulate: need T >= 0, dim > 0, topk >= 0, found T=" + std::to_string(T) +
-                     " dim=" + std::to_string(dim) + " topk=" + std::to_string(topk));
+    throw InputError(
+        "cuda::accumulate: need T >= 0, dim > 0, topk >= 0, found T=" + std::to_string(T) +
+        " dim=" + std::to_string(dim) + " topk=" + std::to_string(topk));
   if (T == 0) return;
   if (topk > 0) {
     require_aligned(rows, 4, "accumulate", "rows");
@@ -51,8 +54,8 @@ void accumulate(const int32_t* rows, const float* weights, int64_t topk, const f
   }
   require_aligned(acc, 4, "accumulate", "acc");
   const int64_t n = T * dim;
-  accumulate_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, as_stream(stream)>>>(
-      rows, weights, topk, down, shared, acc, y, T, dim);
+  accumulate_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0,
+                      as_stream(stream)>>>(rows, weights, topk, down, shared, acc, y, T, dim);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -61,7 +64,8 @@ void finish(const float* acc, uint16_t* y, int64_t n, void* stream) {
   if (n == 0) return;
   require_aligned(acc, 4, "finish", "acc");
   require_aligned(y, 2, "finish", "y");
-  finish_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, as_stream(stream)>>>(acc, y, n);
+  finish_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0,
+                  as_stream(stream)>>>(acc, y, n);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 

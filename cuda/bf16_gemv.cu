@@ -5,22 +5,23 @@
 // never change the arithmetic order.
 #include <string>
 
+#include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
 #include "cuda/gemv_plain.cuh"
 #include "cuda/kernels.h"
-#include "core/error.h"
 
 namespace moecheck::cuda {
 namespace detail {
 
-__global__ void __launch_bounds__(kGemvPlainWarps * kWarpSize) gemv_plain_kernel(GemvArgs p) {
+__global__ void __launch_bounds__(kGemvPlainWarps* kWarpSize) gemv_plain_kernel(GemvArgs p) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvPlainWarps + threadIdx.x / kWarpSize;
   if (row >= p.rows) return;  // whole warps leave together: the butterfly stays full
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kMaxGroupRows;
   const int n = static_cast<int>(p.T - t0 < kMaxGroupRows ? p.T - t0 : kMaxGroupRows);
-  // A ternary, not p.w[blockIdx.z]: a run-time index would copy the parameter array to local memory.
+  // A ternary, not p.w[blockIdx.z]: a run-time index would copy the parameter array to local
+  // memory.
   const uint16_t* wrow = (blockIdx.z == 0 ? p.w[0] : p.w[1]) + row * p.K;
   const int64_t nchunks = p.K / kGemvChunk;
 
@@ -42,7 +43,8 @@ __global__ void __launch_bounds__(kGemvPlainWarps * kWarpSize) gemv_plain_kernel
 #pragma unroll
       for (int t = 0; t < kMaxGroupRows; ++t) {
         if (t < n) {
-          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(p.x + (t0 + t) * p.K + c * kGemvChunk));
+          const uint4 xv =
+              __ldg(reinterpret_cast<const uint4*>(p.x + (t0 + t) * p.K + c * kGemvChunk));
           acc[t] = bf16_chunk_fma(wv[u], xv, acc[t]);
         }
       }
@@ -62,7 +64,8 @@ void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* strea
   const std::string where = std::string("cuda::") + op + ": ";
   if (a.rows < 0 || a.T < 0 || a.K <= 0 || a.K % kGemvChunk != 0)
     throw InputError(where + "need rows >= 0, T >= 0 and K a positive multiple of 8, found rows=" +
-                     std::to_string(a.rows) + " K=" + std::to_string(a.K) + " T=" + std::to_string(a.T));
+                     std::to_string(a.rows) + " K=" + std::to_string(a.K) +
+                     " T=" + std::to_string(a.T));
   if ((a.T + kMaxGroupRows - 1) / kMaxGroupRows > 65535)
     throw InputError(where + "T=" + std::to_string(a.T) + " exceeds 65535 groups of 8 tokens");
   if (a.rows == 0 || a.T == 0) return;
@@ -86,8 +89,8 @@ void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int
   detail::launch_gemv_plain(a, 1, "bf16_gemv", stream);
 }
 
-void bf16_gemv_pair(const uint16_t* w0, const uint16_t* w1, const uint16_t* x, float* y0,
-                    float* y1, int64_t rows, int64_t K, int64_t T, void* stream) {
+void bf16_gemv_pair(const uint16_t* w0, const uint16_t* w1, const uint16_t* x, float* y0, float* y1,
+                    int64_t rows, int64_t K, int64_t T, void* stream) {
   const detail::GemvArgs a{{w0, w1}, {y0, y1}, x, rows, K, T};
   detail::launch_gemv_plain(a, 2, "bf16_gemv_pair", stream);
 }

@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "cuda/kernels.h"
 #include "core/error.h"
+#include "cuda/kernels.h"
 
 namespace moecheck::cuda {
 

@@ -14,9 +14,9 @@ namespace moecheck::cuda {
 
 }  // namespace moecheck::cuda
 
-#define MOECHECK_CUDA_CHECK(stmt)                                              \
-  do {                                                                         \
-    const cudaError_t moecheck_err_ = (stmt);                                  \
-    if (moecheck_err_ != cudaSuccess)                                          \
-      ::moecheck::cuda::cuda_fail(moecheck_err_, #stmt, __FILE__, __LINE__);   \
+#define MOECHECK_CUDA_CHECK(stmt)                                            \
+  do {                                                                       \
+    const cudaError_t moecheck_err_ = (stmt);                                \
+    if (moecheck_err_ != cudaSuccess)                                        \
+      ::moecheck::cuda::cuda_fail(moecheck_err_, #stmt, __FILE__, __LINE__); \
   } while (0)

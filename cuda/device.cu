@@ -13,8 +13,9 @@ bool device_available(std::string* why) {
   const cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // clear the sticky-free error so later calls start clean
-    if (why != nullptr) *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + " (" +
-                               cudaGetErrorString(err) + ")";
+    if (why != nullptr)
+      *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + " (" +
+             cudaGetErrorString(err) + ")";
     return false;
   }
   if (n == 0) {

@@ -78,7 +78,8 @@ __device__ __forceinline__ void lds_words(const uint8_t* smem, int off, uint32_t
 
 // n consecutive words from a 4-byte aligned shared offset.
 template <int N>
-__device__ __forceinline__ void lds_words_aligned(const uint8_t* smem, int off, uint32_t (&out)[N]) {
+__device__ __forceinline__ void lds_words_aligned(const uint8_t* smem, int off,
+                                                  uint32_t (&out)[N]) {
   const uint32_t* w = reinterpret_cast<const uint32_t*>(smem + off);
 #pragma unroll
   for (int i = 0; i < N; ++i) out[i] = w[i];

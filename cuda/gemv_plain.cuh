@@ -17,7 +17,7 @@ inline constexpr int kGemvUnroll = 4;      // chunks loaded before the first use
 struct GemvArgs {
   const uint16_t* w[2];  // blockIdx.z selects the matrix (bf16_gemv_pair)
   float* y[2];
-  const uint16_t* x;     // [T, K]
+  const uint16_t* x;  // [T, K]
   int64_t rows;
   int64_t K;
   int64_t T;

@@ -11,7 +11,6 @@
 #include "core/blocks.h"
 #include "core/layer_plan.h"
 #include "core/schedule.h"
-#include "core/schedule.h"
 
 namespace moecheck::cuda {
 
@@ -21,12 +20,12 @@ namespace moecheck::cuda {
 // grouping).
 void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y, int64_t rows,
                  int64_t K, int64_t T, void* stream);
-void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K,
-               int64_t T, void* stream);
+void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K, int64_t T,
+               void* stream);
 // Two matrices of one shape on the same x in one launch (the shared expert's gate and up);
 // each output equals bf16_gemv of its matrix.
-void bf16_gemv_pair(const uint16_t* w0, const uint16_t* w1, const uint16_t* x, float* y0,
-                    float* y1, int64_t rows, int64_t K, int64_t T, void* stream);
+void bf16_gemv_pair(const uint16_t* w0, const uint16_t* w1, const uint16_t* x, float* y0, float* y1,
+                    int64_t rows, int64_t K, int64_t T, void* stream);
 
 // ---- quantize_q8_1 (cuda/quantize_q8_1.cu) ----
 // x f32 [R, K] (or bf16, widened exactly) -> y [R, K / 32]; K a multiple of 32.
@@ -35,7 +34,8 @@ void quantize_q8_1_bf16(const uint16_t* x, BlockQ8_1* y, int64_t R, int64_t K, v
 
 // ---- mmvq (cuda/mmvq.cu): Q2_K / Q3_K rows x q8_1 rows, f32 out ----
 // Launch groups are core/layer_plan.h's MmvqGroup: the matrix table[slot] ([rows, K], rows of
-// K / 256 blocks) against n <= kMaxGroupRows activation rows a[a_row[i]], to y[y_row[i] * rows + r].
+// K / 256 blocks) against n <= kMaxGroupRows activation rows a[a_row[i]], to y[y_row[i] * rows +
+// r].
 
 // Plain form (emu::mmvq): w [rows, K], a [T, K / 32], y [T, rows]; any T.
 void mmvq(GgmlType t, const uint8_t* w, const BlockQ8_1* a, float* y, int64_t rows, int64_t K,
@@ -46,17 +46,17 @@ void mmvq_experts(GgmlType t, const uint8_t* const* expert_w, int64_t n, const B
                   bool a_per_expert, float* y, int64_t rows, int64_t K, int warps, void* stream);
 // The layer's form (emu::mmvq_groups): n_groups DEVICE groups against the DEVICE slot table;
 // max_n (1..8) bounds every group's n and sizes the shared memory (a larger group traps).
-void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups,
-                 int64_t n_groups, int max_n, const BlockQ8_1* a, float* y, int64_t rows,
-                 int64_t K, int warps, void* stream);
+void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups, int64_t n_groups,
+                 int max_n, const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
+                 void* stream);
 
 // ---- swiglu_q8 (cuda/swiglu_q8.cu) ----
 // g, u, h f32 [R, inter]; hq [R, inter / 32] (nullable: h only); inter a multiple of 32.
-void swiglu_q8(const float* g, const float* u, float* h, BlockQ8_1* hq, int64_t R,
-               int64_t inter, float limit, void* stream);
+void swiglu_q8(const float* g, const float* u, float* h, BlockQ8_1* hq, int64_t R, int64_t inter,
+               float limit, void* stream);
 // The bf16 shared expert's SwiGLU: h f32 (nullable) and hb = f32_to_bf16(h) [R, inter].
-void swiglu_bf16(const float* g, const float* u, float* h, uint16_t* hb, int64_t R,
-                 int64_t inter, float limit, void* stream);
+void swiglu_bf16(const float* g, const float* u, float* h, uint16_t* hb, int64_t R, int64_t inter,
+                 float limit, void* stream);
 
 // ---- accumulate, finish (cuda/accumulate.cu) ----
 // For token t: acc = +0; for k = 0..topk-1: acc = fma_rn(weights[t, k], down[rows[t, k], :],
@@ -64,8 +64,7 @@ void swiglu_bf16(const float* g, const float* u, float* h, uint16_t* hb, int64_t
 // expert id (emu::accumulate sorts them itself). down [*, dim], shared [T, dim] (nullable: no
 // shared term), acc f32 [T, dim]; y bf16 [T, dim] (nullable) = f32_to_bf16(acc).
 void accumulate(const int32_t* rows, const float* weights, int64_t topk, const float* down,
-                const float* shared, float* acc, uint16_t* y, int64_t T, int64_t dim,
-                void* stream);
+                const float* shared, float* acc, uint16_t* y, int64_t T, int64_t dim, void* stream);
 void finish(const float* acc, uint16_t* y, int64_t n, void* stream);
 
 // Device pointer alignment check used by the wrappers (InputError naming `what`).

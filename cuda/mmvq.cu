@@ -13,12 +13,12 @@
 
 #include <string>
 
+#include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
 #include "cuda/kernels.h"
 #include "cuda/mmvq_tiles.cuh"
 #include "cuda/mmvq_units.cuh"
-#include "core/error.h"
 
 namespace moecheck::cuda {
 namespace {
@@ -44,14 +44,15 @@ struct ActLayout {
 // warp reads 128 contiguous bytes) and scattered into the layout, then each (token, unit)
 // sums its halves from shared memory. The caller synchronises after.
 template <int kThreads>
-__device__ __forceinline__ void stage_act(const MmvqParams& p, int64_t group, int n, int units, uint8_t* smem,
-                                          const ActLayout& L) {
+__device__ __forceinline__ void stage_act(const MmvqParams& p, int64_t group, int n, int units,
+                                          uint8_t* smem, const ActLayout& L) {
   uint32_t* q_lo = reinterpret_cast<uint32_t*>(smem + L.q);  // words 0-3 of every (token, unit)
   uint32_t* q_hi = q_lo + 4 * n * units;                     // words 4-7
   float* act_d = reinterpret_cast<float*>(smem + L.d);
   const int words = 9 * units;  // one row of q8_1 blocks
   for (int i = 0; i < n; ++i) {
-    const uint32_t* src = reinterpret_cast<const uint32_t*>(p.a + static_cast<int64_t>(act_row(p, group, i)) * units);
+    const uint32_t* src =
+        reinterpret_cast<const uint32_t*>(p.a + static_cast<int64_t>(act_row(p, group, i)) * units);
     for (int w = threadIdx.x; w < words; w += kThreads) {
       const uint32_t v = __ldg(src + w);
       const int g = w / 9, k = w - 9 * g;
@@ -79,8 +80,9 @@ __device__ __forceinline__ void stage_act(const MmvqParams& p, int64_t group, in
 // Row `row_off` (byte offset in buf) against the n staged tokens: the lane chains and the
 // butterfly; lane 0 writes y[out_row(i) * rows + row].
 template <GgmlType kType, bool kAligned4, int kMaxN>
-__device__ __forceinline__ void row_dot(const MmvqParams& p, const uint8_t* smem, const uint8_t* buf, const ActLayout& L,
-                                        int row_off, int n, int64_t group, int64_t row) {
+__device__ __forceinline__ void row_dot(const MmvqParams& p, const uint8_t* smem,
+                                        const uint8_t* buf, const ActLayout& L, int row_off, int n,
+                                        int64_t group, int64_t row) {
   constexpr int kBB = kType == GgmlType::kQ2K ? 84 : 110;  // block bytes
   const int lane = threadIdx.x % kWarpSize;
   const int units = static_cast<int>(p.K / kQK8_1);
@@ -92,12 +94,14 @@ __device__ __forceinline__ void row_dot(const MmvqParams& p, const uint8_t* smem
   for (int i = 0; i < kMaxN; ++i) acc[i] = 0.0f;
   for (int g = lane; g < units; g += kWarpSize) {
     const int b = g & (kQ8PerSuperBlock - 1);
-    const WeightUnit u = decode_unit<kType, kAligned4>(buf, row_off + (g / kQ8PerSuperBlock) * kBB, b);
+    const WeightUnit u =
+        decode_unit<kType, kAligned4>(buf, row_off + (g / kQ8PerSuperBlock) * kBB, b);
 #pragma unroll
     for (int i = 0; i < kMaxN; ++i) {
       if (i < n) {
         const int ai = i * units + g;
-        acc[i] = fma_rn(act_d[ai], unit_t<kType>(u, b, act_q[ai], act_q[n * units + ai], act_s[ai]), acc[i]);
+        acc[i] = fma_rn(act_d[ai], unit_t<kType>(u, b, act_q[ai], act_q[n * units + ai], act_s[ai]),
+                        acc[i]);
       }
     }
   }
@@ -116,8 +120,9 @@ __device__ __forceinline__ void row_dot(const MmvqParams& p, const uint8_t* smem
 // units, lanes r..2r-1 those of the second row, and the second row's t moves to its owning
 // lane by a shuffle (t is a pure function of its unit: the same bits on any lane).
 template <GgmlType kType, bool kAligned4>
-__device__ __forceinline__ void row_pair(const MmvqParams& p, const uint8_t* smem, const uint8_t* buf, const ActLayout& L,
-                                         int row_off, int64_t group, int64_t row) {
+__device__ __forceinline__ void row_pair(const MmvqParams& p, const uint8_t* smem,
+                                         const uint8_t* buf, const ActLayout& L, int row_off,
+                                         int64_t group, int64_t row) {
   constexpr int kBB = kType == GgmlType::kQ2K ? 84 : 110;
   constexpr int kStep = kWarpSize / kQ8PerSuperBlock * kBB;  // bytes per 32 units
   const int lane = threadIdx.x % kWarpSize;
@@ -127,7 +132,8 @@ __device__ __forceinline__ void row_pair(const MmvqParams& p, const uint8_t* sme
   const float* act_d = reinterpret_cast<const float*>(smem + L.d);
   const int2* act_s = reinterpret_cast<const int2*>(smem + L.s);
   const int tail = units % kWarpSize;
-  const int split = tail <= kWarpSize / 2 ? units - tail : units;  // units below: both rows per lane
+  const int split =
+      tail <= kWarpSize / 2 ? units - tail : units;  // units below: both rows per lane
   float acc0 = 0.0f, acc1 = 0.0f;
   {
     const UnitPos u = unit_pos<kType>(lane & (kQ8PerSuperBlock - 1));
@@ -137,8 +143,9 @@ __device__ __forceinline__ void row_pair(const MmvqParams& p, const uint8_t* sme
     const int wb1 = ((blk + rb) & ~3) - wb;
     for (int g = lane; g < split; g += kWarpSize, blk += kStep, wb += kStep) {
       const uint4 x0 = act_q[g], x1 = act_q[units + g];
-      const int aq[8] = {static_cast<int>(x0.x), static_cast<int>(x0.y), static_cast<int>(x0.z), static_cast<int>(x0.w),
-                         static_cast<int>(x1.x), static_cast<int>(x1.y), static_cast<int>(x1.z), static_cast<int>(x1.w)};
+      const int aq[8] = {static_cast<int>(x0.x), static_cast<int>(x0.y), static_cast<int>(x0.z),
+                         static_cast<int>(x0.w), static_cast<int>(x1.x), static_cast<int>(x1.y),
+                         static_cast<int>(x1.z), static_cast<int>(x1.w)};
       const int2 hs = act_s[g];
       const int hs16 = static_cast<int>(__byte_perm(hs.x, hs.y, 0x5410));
       const float d8 = act_d[g];
@@ -155,8 +162,9 @@ __device__ __forceinline__ void row_pair(const MmvqParams& p, const uint8_t* sme
     if (lane < 2 * tail) {
       const UnitPos u = unit_pos<kType>(g & (kQ8PerSuperBlock - 1));
       const uint4 x0 = act_q[g], x1 = act_q[units + g];
-      const int aq[8] = {static_cast<int>(x0.x), static_cast<int>(x0.y), static_cast<int>(x0.z), static_cast<int>(x0.w),
-                         static_cast<int>(x1.x), static_cast<int>(x1.y), static_cast<int>(x1.z), static_cast<int>(x1.w)};
+      const int aq[8] = {static_cast<int>(x0.x), static_cast<int>(x0.y), static_cast<int>(x0.z),
+                         static_cast<int>(x0.w), static_cast<int>(x1.x), static_cast<int>(x1.y),
+                         static_cast<int>(x1.z), static_cast<int>(x1.w)};
       const int2 hs = act_s[g];
       const int blk = row_off + second * rb + (g / kQ8PerSuperBlock) * kBB;
       t = pos_t<kType, kAligned4>(buf, blk, blk & ~3, 8 * (blk & 3), u, aq, hs,
@@ -181,8 +189,9 @@ __device__ __forceinline__ void row_pair(const MmvqParams& p, const uint8_t* sme
 // One staged tile of tr rows (its bytes in buf, copied from src) against the group's n staged
 // tokens: warp w computes rows kR w (and kR w + 1) of the tile, first_row the tile's first row.
 template <GgmlType kType, int kR>
-__device__ __forceinline__ void compute_tile(const MmvqParams& p, const uint8_t* smem, const uint8_t* buf,
-                                             const ActLayout& L, const uint8_t* src, int tr, int n, int64_t group,
+__device__ __forceinline__ void compute_tile(const MmvqParams& p, const uint8_t* smem,
+                                             const uint8_t* buf, const ActLayout& L,
+                                             const uint8_t* src, int tr, int n, int64_t group,
                                              int64_t first_row) {
   const int first = kR * (threadIdx.x / kWarpSize);  // the warp's first row in the tile
   if (first >= tr) return;
@@ -218,7 +227,8 @@ __device__ __forceinline__ void compute_tile(const MmvqParams& p, const uint8_t*
 // mostly one group, so the activation is staged once per group change and the weight reads
 // are sequential.
 template <GgmlType kType, int kWarps, int kR>
-__global__ void __launch_bounds__(kWarps * kWarpSize, kR == 1 ? 32 / kWarps : 24 / kWarps) mmvq_kernel(MmvqParams p) {
+__global__ void __launch_bounds__(kWarps* kWarpSize, kR == 1 ? 32 / kWarps : 24 / kWarps)
+    mmvq_kernel(MmvqParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kThreads = kWarps * kWarpSize;
   constexpr int kTileRows = kWarps * kR;
@@ -227,7 +237,8 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, kR == 1 ? 32 / kWarps : 24
   const ActLayout L(buf_bytes, mmvq_buffers(kR), units, p.max_n);
   const int rb = static_cast<int>((p.rows + kTileRows - 1) / kTileRows);  // row blocks per group
   const int64_t tiles = static_cast<int64_t>(rb) * p.n_groups;
-  const int64_t t_begin = tiles * blockIdx.x / gridDim.x, t_end = tiles * (blockIdx.x + 1) / gridDim.x;
+  const int64_t t_begin = tiles * blockIdx.x / gridDim.x,
+                t_end = tiles * (blockIdx.x + 1) / gridDim.x;
   const int n_tiles = static_cast<int>(t_end - t_begin);
 
   const TileWalk<kThreads, kTileRows> walk{p, rb, smem, buf_bytes};
@@ -272,8 +283,8 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, kR == 1 ? 32 / kWarps : 24
       staged = key;
       __syncthreads();
     }
-    compute_tile<kType, kR>(p, smem, smem + k * buf_bytes, L, walk.start(c0, g0), walk.rows(c0), g0.n, c0.group,
-                            static_cast<int64_t>(c0.rblk) * kTileRows);
+    compute_tile<kType, kR>(p, smem, smem + k * buf_bytes, L, walk.start(c0, g0), walk.rows(c0),
+                            g0.n, c0.group, static_cast<int64_t>(c0.rblk) * kTileRows);
     __syncthreads();  // buffer k and the staged activation are free again
     c0 = c1;
     c1 = c2;
@@ -286,11 +297,13 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, kR == 1 ? 32 / kWarps : 24
 
 template <GgmlType kType, int kWarps, int kR>
 void launch_one(const MmvqParams& p, void* stream) {
-  const int smem = ActLayout(tile_buffer_bytes(kWarps * kR, p.row_bytes), mmvq_buffers(kR), static_cast<int>(p.K / kQK8_1),
-                             p.max_n).bytes;
+  const int smem = ActLayout(tile_buffer_bytes(kWarps * kR, p.row_bytes), mmvq_buffers(kR),
+                             static_cast<int>(p.K / kQK8_1), p.max_n)
+                       .bytes;
   static int smem_set = 48 * 1024;  // the dynamic shared-memory limit, raised when needed
   if (smem > smem_set) {
-    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(mmvq_kernel<kType, kWarps, kR>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(mmvq_kernel<kType, kWarps, kR>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     smem_set = smem;
   }
   // Persistent grid: as many blocks as fit the device at once, at most one per tile.
@@ -298,8 +311,8 @@ void launch_one(const MmvqParams& p, void* stream) {
   static int resident_smem = -1;
   if (resident_smem != smem) {
     int per_sm = 0, dev = 0, sms = 0;
-    MOECHECK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mmvq_kernel<kType, kWarps, kR>,
-                                                                      kWarps * kWarpSize, smem));
+    MOECHECK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, mmvq_kernel<kType, kWarps, kR>, kWarps * kWarpSize, smem));
     MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
     MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     resident = per_sm * sms;
@@ -307,7 +320,8 @@ void launch_one(const MmvqParams& p, void* stream) {
   }
   const int64_t tiles = (p.rows + kWarps * kR - 1) / (kWarps * kR) * p.n_groups;
   const int64_t grid = tiles < resident ? tiles : resident;
-  mmvq_kernel<kType, kWarps, kR><<<static_cast<unsigned>(grid), kWarps * kWarpSize, smem, as_stream(stream)>>>(p);
+  mmvq_kernel<kType, kWarps, kR>
+      <<<static_cast<unsigned>(grid), kWarps * kWarpSize, smem, as_stream(stream)>>>(p);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -320,7 +334,8 @@ void launch_warps(const MmvqParams& p, int warps, void* stream) {
   }
 }
 
-void launch(MmvqParams p, GgmlType t, int64_t n_groups, int max_n, int warps, const char* op, void* stream) {
+void launch(MmvqParams p, GgmlType t, int64_t n_groups, int max_n, int warps, const char* op,
+            void* stream) {
   const std::string where = std::string("cuda::") + op + ": ";
   if (t != GgmlType::kQ2K && t != GgmlType::kQ3K)
     throw InputError(where + "weight type must be Q2_K (10) or Q3_K (11), found " +
@@ -336,19 +351,21 @@ void launch(MmvqParams p, GgmlType t, int64_t n_groups, int max_n, int warps, co
   p.max_n = max_n;
   const int64_t smem = p.K > (int64_t{1} << 20)
                            ? int64_t{1} << 40
-                           : ActLayout(tile_buffer_bytes(warps, p.row_bytes), mmvq_buffers(1), static_cast<int>(p.K / kQK8_1), max_n)
+                           : ActLayout(tile_buffer_bytes(warps, p.row_bytes), mmvq_buffers(1),
+                                       static_cast<int>(p.K / kQK8_1), max_n)
                                  .bytes;
   if (smem > 200 * 1024)
-    throw InputError(where + "K=" + std::to_string(p.K) + " with " + std::to_string(max_n) + " tokens per group needs " +
-                     std::to_string(smem) + " bytes of shared memory at " + std::to_string(warps) +
+    throw InputError(where + "K=" + std::to_string(p.K) + " with " + std::to_string(max_n) +
+                     " tokens per group needs " + std::to_string(smem) +
+                     " bytes of shared memory at " + std::to_string(warps) +
                      " warps (limit 204800)");
   if (p.rows == 0 || n_groups == 0) return;
   p.n_groups = n_groups;
   require_aligned(p.a, 4, op, "a");
   require_aligned(p.y, 4, op, "y");
   // One token per group: two rows per warp (row_pair) when the doubled tiles fit.
-  const bool pair = max_n == 1 && ActLayout(tile_buffer_bytes(2 * warps, p.row_bytes), mmvq_buffers(2),
-                                            static_cast<int>(p.K / kQK8_1), 1)
+  const bool pair = max_n == 1 && ActLayout(tile_buffer_bytes(2 * warps, p.row_bytes),
+                                            mmvq_buffers(2), static_cast<int>(p.K / kQK8_1), 1)
                                           .bytes <= 200 * 1024;
   if (t == GgmlType::kQ2K) {
     if (pair) launch_warps<GgmlType::kQ2K, 2>(p, warps, stream);
@@ -366,8 +383,8 @@ void mmvq(GgmlType t, const uint8_t* w, const BlockQ8_1* a, float* y, int64_t ro
   if (T < 0) throw InputError("cuda::mmvq: T must be >= 0, found " + std::to_string(T));
   require_aligned(w, 2, "mmvq", "w");
   MmvqParams p{Form::kPlain, w, nullptr, nullptr, a, false, y, rows, K, T, 0, 0, 0};
-  launch(p, t, (T + kMaxGroupRows - 1) / kMaxGroupRows, static_cast<int>(T < kMaxGroupRows ? T : kMaxGroupRows), warps,
-         "mmvq", stream);
+  launch(p, t, (T + kMaxGroupRows - 1) / kMaxGroupRows,
+         static_cast<int>(T < kMaxGroupRows ? T : kMaxGroupRows), warps, "mmvq", stream);
 }
 
 void mmvq_experts(GgmlType t, const uint8_t* const* expert_w, int64_t n, const BlockQ8_1* a,
@@ -378,8 +395,9 @@ void mmvq_experts(GgmlType t, const uint8_t* const* expert_w, int64_t n, const B
   launch(p, t, n, 1, warps, "mmvq_experts", stream);
 }
 
-void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups, int64_t n_groups, int max_n,
-                 const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps, void* stream) {
+void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups, int64_t n_groups,
+                 int max_n, const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
+                 void* stream) {
   if (n_groups > 0) {
     require_aligned(slots, 8, "mmvq_groups", "slots (pointer table)");
     require_aligned(groups, 4, "mmvq_groups", "groups");

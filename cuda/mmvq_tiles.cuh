@@ -23,13 +23,13 @@ struct MmvqParams {
   const uint8_t* const* table;  // kExperts, kGroups: device slot table
   const MmvqGroup* groups;      // kGroups
   const BlockQ8_1* a;
-  bool a_per_expert;            // kExperts
+  bool a_per_expert;  // kExperts
   float* y;
   int64_t rows;
   int64_t K;
-  int64_t T;                    // kPlain
+  int64_t T;  // kPlain
   int row_bytes;
-  int max_n;                    // every group has at most max_n tokens
+  int max_n;  // every group has at most max_n tokens
   int64_t n_groups;
 };
 
@@ -38,7 +38,8 @@ struct MmvqParams {
 // pointer load before it can issue its copies.
 // A slot pointer from the device table through the read-only path.
 __device__ __forceinline__ const uint8_t* load_slot(const uint8_t* const* table, int64_t i) {
-  return reinterpret_cast<const uint8_t*>(__ldg(reinterpret_cast<const unsigned long long*>(table) + i));
+  return reinterpret_cast<const uint8_t*>(
+      __ldg(reinterpret_cast<const unsigned long long*>(table) + i));
 }
 
 struct GroupInfo {
@@ -80,7 +81,8 @@ __device__ __forceinline__ void prefetch_span(const uint8_t* s, const uint8_t* e
   const uintptr_t B = (reinterpret_cast<uintptr_t>(e) + 15) & ~uintptr_t{15};
   const int nchunk = static_cast<int>((B - A) / 16);
   const uint8_t* src = reinterpret_cast<const uint8_t*>(A);
-  for (int c = threadIdx.x; c < nchunk; c += kThreads) __pipeline_memcpy_async(buf + 16 * c, src + 16 * c, 16);
+  for (int c = threadIdx.x; c < nchunk; c += kThreads)
+    __pipeline_memcpy_async(buf + 16 * c, src + 16 * c, 16);
 }
 
 // Tile buffers of the kernel with kR rows per warp.
@@ -123,7 +125,8 @@ struct TileWalk {
   }
   __device__ __forceinline__ void issue(TileCursor c, const GroupInfo& gi, int k) const {
     const uint8_t* s = start(c, gi);
-    prefetch_span<kThreads>(s, s + static_cast<int64_t>(rows(c)) * p.row_bytes, smem + k * buf_bytes);
+    prefetch_span<kThreads>(s, s + static_cast<int64_t>(rows(c)) * p.row_bytes,
+                            smem + k * buf_bytes);
   }
 };
 

@@ -11,9 +11,9 @@
 
 #include <cstdint>
 
-#include "cuda/device_util.cuh"
 #include "core/blocks.h"
 #include "core/portable_math.h"
+#include "cuda/device_util.cuh"
 
 namespace moecheck::cuda::mmvq_units {
 
@@ -65,8 +65,10 @@ __device__ __forceinline__ WeightUnit decode_unit(const uint8_t* buf, int blk, i
     // Sub-blocks j = 2b, 2b + 1: low nibbles in scales[j & 7] >> 4 (j >> 3), i.e. the two
     // bytes at 2 (b & 3), shifted by 4 (b >> 2); high pairs in scales[8 + (j & 3)] >> 2 (j >> 2),
     // i.e. the two bytes at 8 + 2 (b & 1), shifted by 2 (b >> 1). Two 16-bit reads.
-    const uint32_t lo = static_cast<uint32_t>(lds_u16(buf, blk + 96 + 2 * (b & 3))) >> (4 * (b >> 2));
-    const uint32_t hi = static_cast<uint32_t>(lds_u16(buf, blk + 104 + 2 * (b & 1))) >> (2 * (b >> 1));
+    const uint32_t lo =
+        static_cast<uint32_t>(lds_u16(buf, blk + 96 + 2 * (b & 3))) >> (4 * (b >> 2));
+    const uint32_t hi =
+        static_cast<uint32_t>(lds_u16(buf, blk + 104 + 2 * (b & 1))) >> (2 * (b >> 1));
     u.sc0 = static_cast<int>((lo & 0xF) | ((hi & 3) << 4)) - 32;
     u.sc1 = static_cast<int>(((lo >> 8) & 0xF) | (((hi >> 8) & 3) << 4)) - 32;
     u.mn0 = u.mn1 = 0;
@@ -83,10 +85,12 @@ __device__ __forceinline__ WeightUnit decode_unit(const uint8_t* buf, int blk, i
 // unit b sit at bits 2 (b % 4) of each byte, so q & (3 << 2 (b % 4)) dotted with a is
 // 4^(b % 4) times the true dot, shifted back exactly.
 template <GgmlType kType>
-__device__ __forceinline__ float unit_t(const WeightUnit& u, int b, const uint4& x0, const uint4& x1, const int2& hs) {
+__device__ __forceinline__ float unit_t(const WeightUnit& u, int b, const uint4& x0,
+                                        const uint4& x1, const int2& hs) {
   const int sh = 2 * (b & 3);
-  const int aq[8] = {static_cast<int>(x0.x), static_cast<int>(x0.y), static_cast<int>(x0.z), static_cast<int>(x0.w),
-                     static_cast<int>(x1.x), static_cast<int>(x1.y), static_cast<int>(x1.z), static_cast<int>(x1.w)};
+  const int aq[8] = {static_cast<int>(x0.x), static_cast<int>(x0.y), static_cast<int>(x0.z),
+                     static_cast<int>(x0.w), static_cast<int>(x1.x), static_cast<int>(x1.y),
+                     static_cast<int>(x1.z), static_cast<int>(x1.w)};
   int p0 = 0, p1 = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -106,7 +110,8 @@ __device__ __forceinline__ float unit_t(const WeightUnit& u, int b, const uint4&
     p1 += 4 * ((h1 >> b) - hs.y);
   }
   const int A = u.sc0 * p0 + u.sc1 * p1;
-  if constexpr (kType == GgmlType::kQ2K) return mmvq_unit_q2k(u.d, u.dmin, A, u.mn0 * hs.x + u.mn1 * hs.y);
+  if constexpr (kType == GgmlType::kQ2K)
+    return mmvq_unit_q2k(u.d, u.dmin, A, u.mn0 * hs.x + u.mn1 * hs.y);
   else return mmvq_unit_q3k(u.d, A);
 }
 
@@ -145,7 +150,8 @@ __device__ __forceinline__ UnitPos unit_pos(int b) {
 // n words at a 2-byte aligned shared offset given as its 4-byte aligned part wb and the funnel
 // shift fs = 8 (offset % 4): both are fixed per lane and row across the unit loop.
 template <int N>
-__device__ __forceinline__ void lds_words_fs(const uint8_t* smem, int wb, int fs, uint32_t (&out)[N]) {
+__device__ __forceinline__ void lds_words_fs(const uint8_t* smem, int wb, int fs,
+                                             uint32_t (&out)[N]) {
   const uint32_t* w = reinterpret_cast<const uint32_t*>(smem + wb);
   uint32_t raw[N + 1];
 #pragma unroll
@@ -160,8 +166,9 @@ __device__ __forceinline__ void lds_words_fs(const uint8_t* smem, int wb, int fs
 // products by dp2a (16-bit p halves times the two scale bytes): |p| <= 8192 and |half sum|
 // <= 2048 fit 16 bits, so A and B are the same integers as sc0 p0 + sc1 p1 and m0 a0 + m1 a1.
 template <GgmlType kType, bool kAligned4>
-__device__ __forceinline__ float pos_t(const uint8_t* buf, int blk, int wb, int fs, const UnitPos& u,
-                                       const int (&aq)[8], const int2& hs, int hs16) {
+__device__ __forceinline__ float pos_t(const uint8_t* buf, int blk, int wb, int fs,
+                                       const UnitPos& u, const int (&aq)[8], const int2& hs,
+                                       int hs16) {
   uint32_t q[8];
   if constexpr (kType == GgmlType::kQ2K && kAligned4) lds_words_aligned<8>(buf, blk + u.q_off, q);
   else lds_words_fs<8>(buf, wb + u.q_off, fs, q);

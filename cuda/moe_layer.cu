@@ -27,7 +27,8 @@ size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 template <class T>
 void copy_back(std::vector<T>& v, const void* d, size_t n, cudaStream_t s) {
   v.resize(n);
-  if (n > 0) MOECHECK_CUDA_CHECK(cudaMemcpyAsync(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost, s));
+  if (n > 0)
+    MOECHECK_CUDA_CHECK(cudaMemcpyAsync(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost, s));
 }
 
 // Byte offsets of the packed plan: the slot table (3U pointers), the MMVQ groups (gate, up,
@@ -108,7 +109,8 @@ struct MoeLayer::Impl {
   void routed(const LayerPlan& p, const PlanLayout& L);
   void finish(const LayerPlan& p, const PlanLayout& L, int64_t T);
   uint64_t bytes_read(const LayerPlan& p) const;
-  void fold_taps(const uint16_t* xin, int64_t T, const Routing& rt, const LayerPlan& p, LayerTaps& taps);
+  void fold_taps(const uint16_t* xin, int64_t T, const Routing& rt, const LayerPlan& p,
+                 LayerTaps& taps);
 };
 
 MoeLayer::MoeLayer(const LayerWeights& w, LayerOptions o) : impl_(new Impl) {
@@ -118,15 +120,16 @@ MoeLayer::MoeLayer(const LayerWeights& w, LayerOptions o) : impl_(new Impl) {
   validate_layer_weights(w, "cuda::MoeLayer");
   const std::string where = "cuda::MoeLayer: layer " + std::to_string(w.layer) + ", ";
   if (!expert_warps_allowed(o.expert_warps))
-    throw InputError(where + "options: expert_warps must be 2, 4 or 8, found " + std::to_string(o.expert_warps));
+    throw InputError(where + "options: expert_warps must be 2, 4 or 8, found " +
+                     std::to_string(o.expert_warps));
   m.dense_shared = w.shared_gate.type == GgmlType::kBF16;
   std::string why;
   if (!device_available(&why)) throw InputError(where + "device: " + why);
   int n_dev = 0;
   MOECHECK_CUDA_CHECK(cudaGetDeviceCount(&n_dev));
   if (o.device < 0 || o.device >= n_dev)
-    throw InputError(where + "options: device " + std::to_string(o.device) + " not in [0, " + std::to_string(n_dev) +
-                     ")");
+    throw InputError(where + "options: device " + std::to_string(o.device) + " not in [0, " +
+                     std::to_string(n_dev) + ")");
   m.setup_device();
   m.upload_weights();
 }
@@ -153,9 +156,11 @@ void MoeLayer::Impl::setup_device() {
 void MoeLayer::Impl::upload_weights() {
   const MoeConfig& c = w.config;
   upload(router, w.router, static_cast<size_t>(c.n_routed * c.dim) * 2);
-  for (auto [d, s] : {std::pair{&gate_exps, &w.gate_exps}, {&up_exps, &w.up_exps}, {&down_exps, &w.down_exps}})
+  for (auto [d, s] :
+       {std::pair{&gate_exps, &w.gate_exps}, {&up_exps, &w.up_exps}, {&down_exps, &w.down_exps}})
     upload(*d, s->data, static_cast<size_t>(s->expert_stride() * c.n_routed));
-  for (auto [d, s] : {std::pair{&sh_gate, &w.shared_gate}, {&sh_up, &w.shared_up}, {&sh_down, &w.shared_down}})
+  for (auto [d, s] :
+       {std::pair{&sh_gate, &w.shared_gate}, {&sh_up, &w.shared_up}, {&sh_down, &w.shared_down}})
     upload(*d, s->data, static_cast<size_t>(s->rows * s->row_stride()));
 }
 
@@ -199,8 +204,10 @@ void MoeLayer::Impl::pre_route(const uint16_t* xin, int64_t T) {
   launch({0, T, 0, 0, 0}, main, [&](cudaStream_t s) {
     MOECHECK_CUDA_CHECK(cudaMemcpyAsync(x.p, h_x.p, T * dim * 2, cudaMemcpyHostToDevice, s));
     quantize_q8_1_bf16(x.as<uint16_t>(), x_q8.as<BlockQ8_1>(), T, dim, s);
-    router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(), E, dim, T, s);
-    MOECHECK_CUDA_CHECK(cudaMemcpyAsync(h_logits.p, logits.p, T * E * 4, cudaMemcpyDeviceToHost, s));
+    router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(), E, dim, T,
+                s);
+    MOECHECK_CUDA_CHECK(
+        cudaMemcpyAsync(h_logits.p, logits.p, T * E * 4, cudaMemcpyDeviceToHost, s));
   });
   if (o.shared_side_stream) {
     MOECHECK_CUDA_CHECK(cudaEventRecord(ev_in, main));
@@ -214,16 +221,21 @@ void MoeLayer::Impl::pre_route(const uint16_t* xin, int64_t T) {
 void MoeLayer::Impl::shared_expert(int64_t T, cudaStream_t s) {
   const MoeConfig& c = w.config;
   if (dense_shared) {
-    bf16_gemv_pair(sh_gate.as<uint16_t>(), sh_up.as<uint16_t>(), x.as<uint16_t>(), sg.as<float>(), su.as<float>(),
-                   c.inter, c.dim, T, s);
-    swiglu_bf16(sg.as<float>(), su.as<float>(), sh.as<float>(), shb.as<uint16_t>(), T, c.inter, c.swiglu_limit, s);
+    bf16_gemv_pair(sh_gate.as<uint16_t>(), sh_up.as<uint16_t>(), x.as<uint16_t>(), sg.as<float>(),
+                   su.as<float>(), c.inter, c.dim, T, s);
+    swiglu_bf16(sg.as<float>(), su.as<float>(), sh.as<float>(), shb.as<uint16_t>(), T, c.inter,
+                c.swiglu_limit, s);
     bf16_gemv(sh_down.as<uint16_t>(), shb.as<uint16_t>(), sd.as<float>(), c.dim, c.inter, T, s);
   } else {
     const int ew = o.expert_warps;
-    mmvq(w.shared_gate.type, sh_gate.as<uint8_t>(), x_q8.as<BlockQ8_1>(), sg.as<float>(), c.inter, c.dim, T, ew, s);
-    mmvq(w.shared_up.type, sh_up.as<uint8_t>(), x_q8.as<BlockQ8_1>(), su.as<float>(), c.inter, c.dim, T, ew, s);
-    swiglu_q8(sg.as<float>(), su.as<float>(), sh.as<float>(), sh_q8.as<BlockQ8_1>(), T, c.inter, c.swiglu_limit, s);
-    mmvq(w.shared_down.type, sh_down.as<uint8_t>(), sh_q8.as<BlockQ8_1>(), sd.as<float>(), c.dim, c.inter, T, ew, s);
+    mmvq(w.shared_gate.type, sh_gate.as<uint8_t>(), x_q8.as<BlockQ8_1>(), sg.as<float>(), c.inter,
+         c.dim, T, ew, s);
+    mmvq(w.shared_up.type, sh_up.as<uint8_t>(), x_q8.as<BlockQ8_1>(), su.as<float>(), c.inter,
+         c.dim, T, ew, s);
+    swiglu_q8(sg.as<float>(), su.as<float>(), sh.as<float>(), sh_q8.as<BlockQ8_1>(), T, c.inter,
+              c.swiglu_limit, s);
+    mmvq(w.shared_down.type, sh_down.as<uint8_t>(), sh_q8.as<BlockQ8_1>(), sd.as<float>(), c.dim,
+         c.inter, T, ew, s);
   }
 }
 
@@ -250,31 +262,34 @@ void MoeLayer::Impl::routed(const LayerPlan& p, const PlanLayout& L) {
   const int ew = o.expert_warps, max_n = p.max_group_rows;
   const BlockQ8_1* xq = x_q8.as<BlockQ8_1>();
   if (w.gate_exps.type == w.up_exps.type) {  // gate and up of every selected expert: one launch
-    mmvq_groups(w.gate_exps.type, slots, groups, 2 * n, max_n, xq, gu.as<float>(), c.inter, c.dim, ew, main);
+    mmvq_groups(w.gate_exps.type, slots, groups, 2 * n, max_n, xq, gu.as<float>(), c.inter, c.dim,
+                ew, main);
   } else {
-    mmvq_groups(w.gate_exps.type, slots, groups, n, max_n, xq, gu.as<float>(), c.inter, c.dim, ew, main);
-    mmvq_groups(w.up_exps.type, slots, groups + n, n, max_n, xq, gu.as<float>(), c.inter, c.dim, ew, main);
+    mmvq_groups(w.gate_exps.type, slots, groups, n, max_n, xq, gu.as<float>(), c.inter, c.dim, ew,
+                main);
+    mmvq_groups(w.up_exps.type, slots, groups + n, n, max_n, xq, gu.as<float>(), c.inter, c.dim, ew,
+                main);
   }
-  swiglu_q8(gu.as<float>(), gu.as<float>() + P * c.inter, h.as<float>(), h_q8.as<BlockQ8_1>(), P, c.inter,
-            c.swiglu_limit, main);
-  mmvq_groups(w.down_exps.type, slots, groups + 2 * n, n, max_n, h_q8.as<BlockQ8_1>(), down.as<float>(), c.dim,
-              c.inter, ew, main);
+  swiglu_q8(gu.as<float>(), gu.as<float>() + P * c.inter, h.as<float>(), h_q8.as<BlockQ8_1>(), P,
+            c.inter, c.swiglu_limit, main);
+  mmvq_groups(w.down_exps.type, slots, groups + 2 * n, n, max_n, h_q8.as<BlockQ8_1>(),
+              down.as<float>(), c.dim, c.inter, ew, main);
 }
 
 // Routed experts, then (without the side stream) the shared expert, the join, the accumulation
 // and the output down to the host.
 void MoeLayer::Impl::finish(const LayerPlan& p, const PlanLayout& L, int64_t T) {
   const MoeConfig& c = w.config;
-  launch({2, p.pairs(), p.n_experts() * kMaxGroupRows + p.max_group_rows, p.n_proj_groups, L.bytes}, main,
-         [&](cudaStream_t) { routed(p, L); });
+  launch({2, p.pairs(), p.n_experts() * kMaxGroupRows + p.max_group_rows, p.n_proj_groups, L.bytes},
+         main, [&](cudaStream_t) { routed(p, L); });
   if (o.shared_side_stream) {
     MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(main, ev_out, 0));
   } else {
     launch({1, T, 0, 0, 0}, main, [&](cudaStream_t s) { shared_expert(T, s); });
   }
   accumulate(reinterpret_cast<const int32_t*>(plan.as<uint8_t>() + L.rows),
-             reinterpret_cast<const float*>(plan.as<uint8_t>() + L.weights), c.topk, down.as<float>(),
-             sd.as<float>(), acc.as<float>(), y.as<uint16_t>(), T, c.dim, main);
+             reinterpret_cast<const float*>(plan.as<uint8_t>() + L.weights), c.topk,
+             down.as<float>(), sd.as<float>(), acc.as<float>(), y.as<uint16_t>(), T, c.dim, main);
   MOECHECK_CUDA_CHECK(cudaMemcpyAsync(h_y.p, y.p, T * c.dim * 2, cudaMemcpyDeviceToHost, main));
   MOECHECK_CUDA_CHECK(cudaStreamSynchronize(main));
 }
@@ -284,15 +299,16 @@ uint64_t MoeLayer::Impl::bytes_read(const LayerPlan& p) const {
   const MoeConfig& c = w.config;
   uint64_t bytes = static_cast<uint64_t>(c.n_routed * c.dim * 2);
   bytes += static_cast<uint64_t>(p.n_experts()) *
-           static_cast<uint64_t>(w.gate_exps.expert_stride() + w.up_exps.expert_stride() + w.down_exps.expert_stride());
+           static_cast<uint64_t>(w.gate_exps.expert_stride() + w.up_exps.expert_stride() +
+                                 w.down_exps.expert_stride());
   for (const MatView* s : {&w.shared_gate, &w.shared_up, &w.shared_down})
     bytes += static_cast<uint64_t>(s->rows * s->row_stride());
   return bytes;
 }
 
 // Every stage back to the host, folded with the emulation's functions (core/layer_plan.h).
-void MoeLayer::Impl::fold_taps(const uint16_t* xin, int64_t T, const Routing& rt, const LayerPlan& p,
-                               LayerTaps& taps) {
+void MoeLayer::Impl::fold_taps(const uint16_t* xin, int64_t T, const Routing& rt,
+                               const LayerPlan& p, LayerTaps& taps) {
   const MoeConfig& c = w.config;
   const int64_t dim = c.dim, inter = c.inter, P = p.pairs();
   cudaStream_t s = main;
@@ -319,16 +335,18 @@ void MoeLayer::Impl::fold_taps(const uint16_t* xin, int64_t T, const Routing& rt
   copy_back(taps.acc, acc.p, T * dim, s);
   MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
   fill_shared_taps(sx, T);
-  fold_routed_taps(p, gu_h.data(), h_h.data(), hq_h.data(), down_h.data(), inter, dim, taps.experts);
+  fold_routed_taps(p, gu_h.data(), h_h.data(), hq_h.data(), down_h.data(), inter, dim,
+                   taps.experts);
   taps.output.assign(h_y.as<uint16_t>(), h_y.as<uint16_t>() + T * dim);
 }
 
-std::vector<uint16_t> MoeLayer::forward(const uint16_t* xin, int64_t T, LayerTaps* taps, LayerTiming* timing) {
+std::vector<uint16_t> MoeLayer::forward(const uint16_t* xin, int64_t T, LayerTaps* taps,
+                                        LayerTiming* timing) {
   Impl& m = *impl_;
   const MoeConfig& c = m.w.config;
   if (T < 0)
-    throw InputError("cuda::MoeLayer: layer " + std::to_string(m.w.layer) + ", input: negative token count " +
-                     std::to_string(T));
+    throw InputError("cuda::MoeLayer: layer " + std::to_string(m.w.layer) +
+                     ", input: negative token count " + std::to_string(T));
   if (T == 0) return {};
   const auto t_start = std::chrono::steady_clock::now();
   MOECHECK_CUDA_CHECK(cudaSetDevice(m.o.device));

@@ -12,7 +12,6 @@
 
 #include "core/layer_weights.h"
 #include "core/schedule.h"
-#include "core/schedule.h"
 #include "core/taps.h"
 
 namespace moecheck::cuda {

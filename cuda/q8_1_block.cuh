@@ -3,8 +3,8 @@
 // The maximum and the integer sum are butterflies of exact operations, so their order is free.
 #pragma once
 
-#include "cuda/device_util.cuh"
 #include "core/blocks.h"
+#include "cuda/device_util.cuh"
 
 namespace moecheck::cuda::detail {
 
@@ -13,7 +13,7 @@ inline constexpr uint16_t kQ8NaN = 0x7E00;  // f16 NaN: d and s of a block holdi
 // Every lane of the warp calls this with its value; all 32 lanes must be active.
 __device__ __forceinline__ void quantize_block_warp(float x, int lane, BlockQ8_1* out) {
   const bool bad = (__float_as_uint(x) & 0x7F800000u) == 0x7F800000u;  // NaN or Inf
-  if (__any_sync(0xFFFFFFFFu, bad)) {  // step 1
+  if (__any_sync(0xFFFFFFFFu, bad)) {                                  // step 1
     out->qs[lane] = 0;
     if (lane == 0) {
       out->d = kQ8NaN;
@@ -23,7 +23,8 @@ __device__ __forceinline__ void quantize_block_warp(float x, int lane, BlockQ8_1
   }
   float amax = fabsf(x);  // step 2: exact
 #pragma unroll
-  for (int o = kWarpSize / 2; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+  for (int o = kWarpSize / 2; o >= 1; o /= 2)
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
   const float d = div_rn(amax, 127.0f);  // step 4
   int q = 0;
   if (d != 0.0f) {  // step 3 (all zero, or amax / 127 underflowed): quants 0, d = s = 0

@@ -4,10 +4,10 @@
 // equals the f32 form on the widened values.
 #include <string>
 
+#include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/q8_1_block.cuh"
-#include "core/error.h"
 
 namespace moecheck::cuda {
 namespace {
@@ -20,7 +20,7 @@ __device__ __forceinline__ float load_value(const uint16_t* x, int64_t i) {
 }
 
 template <typename In>
-__global__ void __launch_bounds__(kQuantWarps * kWarpSize)
+__global__ void __launch_bounds__(kQuantWarps* kWarpSize)
     quantize_q8_1_kernel(const In* x, BlockQ8_1* y, int64_t n_blocks) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t blk = static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / kWarpSize;
@@ -31,16 +31,18 @@ __global__ void __launch_bounds__(kQuantWarps * kWarpSize)
 template <typename In>
 void launch(const In* x, BlockQ8_1* y, int64_t R, int64_t K, void* stream, const char* op) {
   if (R < 0 || K <= 0 || K % kQK8_1 != 0)
-    throw InputError(std::string("cuda::") + op + ": need R >= 0 and K a positive multiple of 32, found R=" +
-                     std::to_string(R) + " K=" + std::to_string(K));
+    throw InputError(std::string("cuda::") + op +
+                     ": need R >= 0 and K a positive multiple of 32, found R=" + std::to_string(R) +
+                     " K=" + std::to_string(K));
   const int64_t n_blocks = R * (K / kQK8_1);
   if (n_blocks == 0) return;
   require_aligned(x, static_cast<int>(sizeof(In)), op, "x");
   require_aligned(y, 4, op, "y");
   const int64_t grid = (n_blocks + kQuantWarps - 1) / kQuantWarps;
   if (grid > 0x7FFFFFFF) throw InputError(std::string("cuda::") + op + ": too many blocks");
-  quantize_q8_1_kernel<In><<<static_cast<unsigned>(grid), kQuantWarps * kWarpSize, 0, as_stream(stream)>>>(
-      x, y, n_blocks);
+  quantize_q8_1_kernel<In>
+      <<<static_cast<unsigned>(grid), kQuantWarps * kWarpSize, 0, as_stream(stream)>>>(x, y,
+                                                                                       n_blocks);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -6,11 +6,11 @@
 // w = 1..7 in order) and finished by the butterfly.
 #include <string>
 
+#include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
 #include "cuda/gemv_plain.cuh"
 #include "cuda/kernels.h"
-#include "core/error.h"
 
 namespace moecheck::cuda {
 namespace {
@@ -82,12 +82,14 @@ void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y
     throw InputError(where + "need rows >= 0, T >= 0 and K a positive multiple of 8, found rows=" +
                      std::to_string(rows) + " K=" + std::to_string(K) + " T=" + std::to_string(T));
   if ((T + kMaxGroupRows - 1) / kMaxGroupRows > 65535 || rows > 0x7FFFFFFF)
-    throw InputError(where + "launch too large: rows=" + std::to_string(rows) + " T=" + std::to_string(T));
+    throw InputError(where + "launch too large: rows=" + std::to_string(rows) +
+                     " T=" + std::to_string(T));
   if (rows == 0 || T == 0) return;
   require_aligned(w, 16, "router_gemv", "w");
   require_aligned(x, 16, "router_gemv", "x");
   require_aligned(y, 4, "router_gemv", "y");
-  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((T + kMaxGroupRows - 1) / kMaxGroupRows));
+  const dim3 grid(static_cast<unsigned>(rows),
+                  static_cast<unsigned>((T + kMaxGroupRows - 1) / kMaxGroupRows));
   router_staged_kernel<<<grid, kRouterStagedThreads, 0, as_stream(stream)>>>(w, x, y, rows, K, T);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
 }

@@ -4,18 +4,18 @@
 // the bf16 down projection. Contract: docs/numerics.md "swiglu_q8"; twin: emu::swiglu_q8.
 #include <string>
 
+#include "core/error.h"
+#include "core/portable_math.h"
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/q8_1_block.cuh"
-#include "core/error.h"
-#include "core/portable_math.h"
 
 namespace moecheck::cuda {
 namespace {
 
 constexpr int kSwigluWarps = 8;  // q8_1 blocks per CUDA block; no bit depends on it
 
-__global__ void __launch_bounds__(kSwigluWarps * kWarpSize)
+__global__ void __launch_bounds__(kSwigluWarps* kWarpSize)
     swiglu_q8_kernel(const float* g, const float* u, float* h, BlockQ8_1* hq, int64_t n_blocks,
                      float limit) {
   const int lane = threadIdx.x % kWarpSize;
@@ -38,7 +38,8 @@ __global__ void swiglu_bf16_kernel(const float* g, const float* u, float* h, uin
 
 void check_shape(int64_t R, int64_t inter, const char* op) {
   if (R < 0 || inter <= 0 || inter % kQK8_1 != 0)
-    throw InputError(std::string("cuda::") + op + ": need R >= 0 and inter a positive multiple of 32, found R=" +
+    throw InputError(std::string("cuda::") + op +
+                     ": need R >= 0 and inter a positive multiple of 32, found R=" +
                      std::to_string(R) + " inter=" + std::to_string(inter));
 }
 
@@ -69,8 +70,8 @@ void swiglu_bf16(const float* g, const float* u, float* h, uint16_t* hb, int64_t
   require_aligned(hb, 2, "swiglu_bf16", "hb");
   if (h != nullptr) require_aligned(h, 4, "swiglu_bf16", "h");
   constexpr int kThreads = 256;
-  swiglu_bf16_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, as_stream(stream)>>>(
-      g, u, h, hb, n, limit);
+  swiglu_bf16_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0,
+                       as_stream(stream)>>>(g, u, h, hb, n, limit);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 

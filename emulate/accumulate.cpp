@@ -11,11 +11,12 @@
 
 namespace moecheck::emu {
 
-void accumulate(const int32_t* rows, const float* weights, int64_t topk, const float* down, const float* shared,
-                float* acc, uint16_t* y, int64_t T, int64_t dim) {
+void accumulate(const int32_t* rows, const float* weights, int64_t topk, const float* down,
+                const float* shared, float* acc, uint16_t* y, int64_t T, int64_t dim) {
   if (T < 0 || dim <= 0 || topk < 0)
-    throw InputError("emu::accumulate: need T >= 0, dim > 0, topk >= 0, found T=" + std::to_string(T) +
-                     " dim=" + std::to_string(dim) + " topk=" + std::to_string(topk));
+    throw InputError(
+        "emu::accumulate: need T >= 0, dim > 0, topk >= 0, found T=" + std::to_string(T) +
+        " dim=" + std::to_string(dim) + " topk=" + std::to_string(topk));
   for (int64_t t = 0; t < T; ++t) {
     float* a = acc + t * dim;
     for (int64_t i = 0; i < dim; ++i) a[i] = 0.0f;

@@ -7,8 +7,7 @@
 
 namespace moecheck::emu {
 
-void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K,
-               int64_t T) {
+void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K, int64_t T) {
   router_gemv(RouterVariant::kPlain, w, x, y, rows, K, T);
 }
 

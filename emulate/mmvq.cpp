@@ -116,7 +116,8 @@ float row_token(GgmlType t, const WeightRow& w, const ActRow& a, int64_t units, 
 void check_args(GgmlType t, int64_t rows, int64_t K, int64_t T, const char* what) {
   if ((t != GgmlType::kQ2K && t != GgmlType::kQ3K) || K % kQK_K != 0 || K <= 0 || rows < 0 ||
       T < 0) {
-    throw InputError(std::string("emu::") + what + ": expected a Q2_K or Q3_K matrix with K a "
+    throw InputError(std::string("emu::") + what +
+                     ": expected a Q2_K or Q3_K matrix with K a "
                      "positive multiple of 256; found type " +
                      std::to_string(static_cast<uint32_t>(t)) + ", K = " + std::to_string(K) +
                      ", rows = " + std::to_string(rows) + ", tokens = " + std::to_string(T));
@@ -160,8 +161,8 @@ void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* group
   check_args(t, rows, K, n_groups, "mmvq_groups");
   if (r1 < 0) r1 = rows;
   if (r0 < 0 || r0 > r1 || r1 > rows)
-    throw InputError("emu::mmvq_groups: row range [" + std::to_string(r0) + ", " + std::to_string(r1) +
-                     ") is not inside [0, " + std::to_string(rows) + ")");
+    throw InputError("emu::mmvq_groups: row range [" + std::to_string(r0) + ", " +
+                     std::to_string(r1) + ") is not inside [0, " + std::to_string(rows) + ")");
   const int64_t units = K / kQK8_1, rb = row_bytes(t, K);
   std::vector<ActRow> acts(kMaxGroupRows);
   WeightRow wr = make_weight_row(K);
@@ -169,13 +170,15 @@ void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* group
   for (int64_t g = 0; g < n_groups; ++g) {
     const MmvqGroup& gr = groups[g];
     if (gr.n < 0 || gr.n > kMaxGroupRows)
-      throw InputError("emu::mmvq_groups: group " + std::to_string(g) + " has " + std::to_string(gr.n) +
-                       " rows, outside [0, 8]");
-    for (int i = 0; i < gr.n; ++i) unpack_act(a + static_cast<int64_t>(gr.a_row[i]) * units, units, acts[i]);
+      throw InputError("emu::mmvq_groups: group " + std::to_string(g) + " has " +
+                       std::to_string(gr.n) + " rows, outside [0, 8]");
+    for (int i = 0; i < gr.n; ++i)
+      unpack_act(a + static_cast<int64_t>(gr.a_row[i]) * units, units, acts[i]);
     for (int64_t r = r0; r < r1; ++r) {
       decode_row(t, slots[gr.slot] + r * rb, K, wr);
       for (int i = 0; i < gr.n; ++i)
-        y[static_cast<int64_t>(gr.y_row[i]) * rows + r] = row_token(t, wr, acts[i], units, term.data());
+        y[static_cast<int64_t>(gr.y_row[i]) * rows + r] =
+            row_token(t, wr, acts[i], units, term.data());
     }
   }
 }

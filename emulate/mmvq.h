@@ -26,6 +26,7 @@ void mmvq_experts(GgmlType t, const uint8_t* const* expert_w, int64_t n, const B
 // pointers; core/layer_plan.h). Rows [r0, r1) of every group's matrix (r1 < 0: all rows), so a
 // caller's threads can split the rows; no (row, token) result depends on the split.
 void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups, int64_t n_groups,
-                 const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int64_t r0 = 0, int64_t r1 = -1);
+                 const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int64_t r0 = 0,
+                 int64_t r1 = -1);
 
 }  // namespace moecheck::emu

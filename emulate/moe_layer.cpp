@@ -35,7 +35,8 @@ struct RowSplitter {
   void for_row_ranges(int64_t rows, F fn) const {
     const int64_t n = std::min<int64_t>(threads, std::max<int64_t>(rows / 64, 1));
     std::vector<std::thread> pool;
-    for (int64_t i = 1; i < n; ++i) pool.emplace_back([&, i] { fn(rows * i / n, rows * (i + 1) / n); });
+    for (int64_t i = 1; i < n; ++i)
+      pool.emplace_back([&, i] { fn(rows * i / n, rows * (i + 1) / n); });
     fn(int64_t{0}, rows / n);
     for (auto& th : pool) th.join();
   }
@@ -48,7 +49,8 @@ struct RowSplitter {
       std::vector<float> buf(static_cast<size_t>(T * (r1 - r0)));
       fn(r0, r1, buf.data());
       for (int64_t k = 0; k < T; ++k)
-        std::copy(buf.begin() + k * (r1 - r0), buf.begin() + (k + 1) * (r1 - r0), y + k * rows + r0);
+        std::copy(buf.begin() + k * (r1 - r0), buf.begin() + (k + 1) * (r1 - r0),
+                  y + k * rows + r0);
     });
   }
 };
@@ -82,7 +84,8 @@ MoeLayer::MoeLayer(const LayerWeights& w, LayerOptions o) : w_(w), o_(o), impl_(
   validate_layer_weights(w, "emu::MoeLayer");
   if (!expert_warps_allowed(o.expert_warps)) {
     throw InputError("emu::MoeLayer: layer " + std::to_string(w.layer) +
-                     ", options: expert_warps must be 2, 4 or 8, found " + std::to_string(o.expert_warps));
+                     ", options: expert_warps must be 2, 4 or 8, found " +
+                     std::to_string(o.expert_warps));
   }
   const unsigned hw = std::thread::hardware_concurrency();
   impl_->rows.threads = o.threads > 0 ? o.threads : static_cast<int>(std::clamp(hw, 1u, 8u));
@@ -98,21 +101,24 @@ RoutedOut run_routed(const RowSplitter& m, const LayerWeights& w, const LayerPla
   const MoeConfig& c = w.config;
   const int64_t P = p.pairs(), n = p.n_proj_groups;
   const std::vector<const uint8_t*> slots =
-      plan_slots(p, w.gate_exps.data, w.gate_exps.expert_stride(), w.up_exps.data, w.up_exps.expert_stride(),
-                 w.down_exps.data, w.down_exps.expert_stride());
+      plan_slots(p, w.gate_exps.data, w.gate_exps.expert_stride(), w.up_exps.data,
+                 w.up_exps.expert_stride(), w.down_exps.data, w.down_exps.expert_stride());
   RoutedOut r;
   r.gu.resize(static_cast<size_t>(2 * P * c.inter));
   r.h.resize(static_cast<size_t>(P * c.inter));
   r.hq.resize(static_cast<size_t>(P * c.inter / kQK8_1));
   r.down.resize(static_cast<size_t>(P * c.dim));
   m.for_row_ranges(c.inter, [&](int64_t r0, int64_t r1) {
-    mmvq_groups(w.gate_exps.type, slots.data(), p.gate_groups(), n, xq.data(), r.gu.data(), c.inter, c.dim, r0, r1);
-    mmvq_groups(w.up_exps.type, slots.data(), p.up_groups(), n, xq.data(), r.gu.data(), c.inter, c.dim, r0, r1);
+    mmvq_groups(w.gate_exps.type, slots.data(), p.gate_groups(), n, xq.data(), r.gu.data(), c.inter,
+                c.dim, r0, r1);
+    mmvq_groups(w.up_exps.type, slots.data(), p.up_groups(), n, xq.data(), r.gu.data(), c.inter,
+                c.dim, r0, r1);
   });
-  swiglu_q8(r.gu.data(), r.gu.data() + P * c.inter, r.h.data(), r.hq.data(), P, c.inter, c.swiglu_limit);
+  swiglu_q8(r.gu.data(), r.gu.data() + P * c.inter, r.h.data(), r.hq.data(), P, c.inter,
+            c.swiglu_limit);
   m.for_row_ranges(c.dim, [&](int64_t r0, int64_t r1) {
-    mmvq_groups(w.down_exps.type, slots.data(), p.down_groups(), n, r.hq.data(), r.down.data(), c.dim, c.inter, r0,
-                r1);
+    mmvq_groups(w.down_exps.type, slots.data(), p.down_groups(), n, r.hq.data(), r.down.data(),
+                c.dim, c.inter, r0, r1);
   });
   return r;
 }
@@ -129,7 +135,8 @@ SharedOut run_shared(const RowSplitter& m, const LayerWeights& w, const uint16_t
   s.h.resize(s.gate.size());
   s.down.resize(static_cast<size_t>(T * dim));
   if (w.shared_gate.type == GgmlType::kBF16) {
-    const uint16_t *wg = bf16_data(w.shared_gate), *wu = bf16_data(w.shared_up), *wd = bf16_data(w.shared_down);
+    const uint16_t *wg = bf16_data(w.shared_gate), *wu = bf16_data(w.shared_up),
+                   *wd = bf16_data(w.shared_down);
     m.for_row_ranges(inter, [&](int64_t r0, int64_t r1) {
       std::vector<float> g(static_cast<size_t>(T * (r1 - r0))), u(g.size());
       bf16_gemv_pair(wg + r0 * dim, wu + r0 * dim, x, g.data(), u.data(), r1 - r0, dim, T);
@@ -158,8 +165,9 @@ SharedOut run_shared(const RowSplitter& m, const LayerWeights& w, const uint16_t
   return s;
 }
 
-void fill_taps(LayerTaps& taps, const LayerWeights& w, const uint16_t* x, int64_t T, std::vector<float>&& logits,
-               const Routing& rt, const LayerPlan& p, std::vector<BlockQ8_1>&& xq, const RoutedOut& r, SharedOut&& s,
+void fill_taps(LayerTaps& taps, const LayerWeights& w, const uint16_t* x, int64_t T,
+               std::vector<float>&& logits, const Routing& rt, const LayerPlan& p,
+               std::vector<BlockQ8_1>&& xq, const RoutedOut& r, SharedOut&& s,
                std::vector<float>&& acc, const std::vector<uint16_t>& y) {
   const MoeConfig& c = w.config;
   taps.layer = w.layer;
@@ -169,7 +177,8 @@ void fill_taps(LayerTaps& taps, const LayerWeights& w, const uint16_t* x, int64_
   taps.topk_ids = rt.ids;
   taps.topk_weights = rt.weights;
   taps.x_q8 = std::move(xq);
-  fold_routed_taps(p, r.gu.data(), r.h.data(), r.hq.data(), r.down.data(), c.inter, c.dim, taps.experts);
+  fold_routed_taps(p, r.gu.data(), r.h.data(), r.hq.data(), r.down.data(), c.inter, c.dim,
+                   taps.experts);
   fill_shared_taps(taps.shared, T);
   taps.shared.gate = std::move(s.gate);
   taps.shared.up = std::move(s.up);
@@ -186,7 +195,9 @@ std::vector<uint16_t> MoeLayer::forward(const uint16_t* x, int64_t T, LayerTaps*
                                         LayerTiming* timing) const {
   const MoeConfig& c = w_.config;
   const int64_t dim = c.dim, E = c.n_routed;
-  if (T < 0) throw InputError("emu::MoeLayer: layer " + std::to_string(w_.layer) + ", input: negative token count");
+  if (T < 0)
+    throw InputError("emu::MoeLayer: layer " + std::to_string(w_.layer) +
+                     ", input: negative token count");
   const auto t0 = std::chrono::steady_clock::now();
 
   // Router logits, host routing and the plan.
@@ -205,16 +216,16 @@ std::vector<uint16_t> MoeLayer::forward(const uint16_t* x, int64_t T, LayerTaps*
   SharedOut shared = run_shared(impl_->rows, w_, x, xq, T);
   std::vector<float> acc(static_cast<size_t>(T * dim));
   std::vector<uint16_t> y(static_cast<size_t>(T * dim));
-  accumulate(plan.acc_rows.data(), plan.acc_weights.data(), c.topk, routed.down.data(), shared.down.data(), acc.data(),
-             y.data(), T, dim);
+  accumulate(plan.acc_rows.data(), plan.acc_weights.data(), c.topk, routed.down.data(),
+             shared.down.data(), acc.data(), y.data(), T, dim);
 
   if (timing != nullptr) {
     timing->route_ms += route_ms;
     timing->compute_ms += ms_since(t1);
   }
   if (taps != nullptr)
-    fill_taps(*taps, w_, x, T, std::move(logits), rt, plan, std::move(xq), routed, std::move(shared), std::move(acc),
-              y);
+    fill_taps(*taps, w_, x, T, std::move(logits), rt, plan, std::move(xq), routed,
+              std::move(shared), std::move(acc), y);
   return y;
 }
 

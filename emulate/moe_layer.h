@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "core/layer_weights.h"
-#include "emulate/router_gemv.h"
 #include "core/schedule.h"
 #include "core/taps.h"
+#include "emulate/router_gemv.h"
 
 namespace moecheck::emu {
 

@@ -22,10 +22,11 @@ void swiglu_q8(const float* g, const float* u, float* h, BlockQ8_1* hq, int64_t 
   if (hq != nullptr) quantize_q8_1(h, hq, R, inter);
 }
 
-void swiglu_bf16(const float* g, const float* u, float* h, uint16_t* hb, int64_t R, int64_t inter, float limit) {
+void swiglu_bf16(const float* g, const float* u, float* h, uint16_t* hb, int64_t R, int64_t inter,
+                 float limit) {
   if (inter % kQK8_1 != 0 || R < 0) {
-    throw InputError("emu::swiglu_bf16: inter = " + std::to_string(inter) + " must be a multiple of 32 (rows " +
-                     std::to_string(R) + ")");
+    throw InputError("emu::swiglu_bf16: inter = " + std::to_string(inter) +
+                     " must be a multiple of 32 (rows " + std::to_string(R) + ")");
   }
   for (int64_t i = 0; i < R * inter; ++i) {
     const float v = swiglu(g[i], u[i], limit);

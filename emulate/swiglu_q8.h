@@ -1,6 +1,6 @@
-// Emulation twins of the fused SwiGLU + q8_1 kernel and of its bf16 form: h = silu(clamp g) * clamp u in f32 (the
-// shared scalar swiglu() of emulate/portable_math.h), then quantize_q8_1 of each h row.
-// Contract: docs/numerics.md "swiglu_q8".
+// Emulation twins of the fused SwiGLU + q8_1 kernel and of its bf16 form: h = silu(clamp g) * clamp
+// u in f32 (the shared scalar swiglu() of emulate/portable_math.h), then quantize_q8_1 of each h
+// row. Contract: docs/numerics.md "swiglu_q8".
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,7 @@ void swiglu_q8(const float* g, const float* u, float* h, BlockQ8_1* hq, int64_t 
 
 // The bf16 shared expert's form: h f32 (may be nullptr) and hb = f32_to_bf16(h) [R, inter], the
 // bf16 down projection's input (model.py's x.to(dtype) before w2).
-void swiglu_bf16(const float* g, const float* u, float* h, uint16_t* hb, int64_t R, int64_t inter, float limit);
+void swiglu_bf16(const float* g, const float* u, float* h, uint16_t* hb, int64_t R, int64_t inter,
+                 float limit);
 
 }  // namespace moecheck::emu

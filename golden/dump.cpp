@@ -28,13 +28,15 @@ void check_size(size_t got, int64_t want, const std::string& where) {
                      std::to_string(got));
 }
 
-void put_bf16(hid_t g, const std::string& name, const std::vector<uint16_t>& v, int64_t T, int64_t dim) {
+void put_bf16(hid_t g, const std::string& name, const std::vector<uint16_t>& v, int64_t T,
+              int64_t dim) {
   h5::write_dataset(g, name, Elem::kU16, v.data(), {T, dim});
   h5::Handle ds(H5Dopen2(g, name.c_str(), H5P_DEFAULT), H5Dclose);
   h5::write_attr(ds.get(), "dtype", std::string("bfloat16"));
 }
 
-void put_q8(hid_t g, const std::string& name, const std::vector<BlockQ8_1>& v, int64_t rows, int64_t K) {
+void put_q8(hid_t g, const std::string& name, const std::vector<BlockQ8_1>& v, int64_t rows,
+            int64_t K) {
   h5::write_dataset(g, name, Elem::kU8, v.data(), {rows, K / kQK8_1, kQ8Bytes});
   h5::Handle ds(H5Dopen2(g, name.c_str(), H5P_DEFAULT), H5Dclose);
   h5::write_attr(ds.get(), "dtype", std::string("block_q8_1"));
@@ -47,7 +49,8 @@ void put_expert(hid_t parent, const std::string& name, const ExpertTaps& e, cons
   h5::write_attr(g.get(), "expert", static_cast<int64_t>(e.expert));
   check_size(e.weights.size(), n, where + "/weights");
   h5::write_dataset(g.get(), "tokens", Elem::kI32, e.tokens.data(), {n});
-  h5::write_dataset(g.get(), stage_dataset(Stage::kExpertsWeights), Elem::kF32, e.weights.data(), {n});
+  h5::write_dataset(g.get(), stage_dataset(Stage::kExpertsWeights), Elem::kF32, e.weights.data(),
+                    {n});
   auto f32 = [&](const char* s, const std::vector<float>& v, int64_t cols) {
     if (v.empty()) return;
     check_size(v.size(), n * cols, where + "/" + s);
@@ -73,7 +76,9 @@ void put_slices(hid_t layer_group, const std::vector<SliceHash>& slices, const s
     tensor.push_back(tensor_code(h.tensor));
     expert.push_back(h.expert);
     std::array<uint8_t, 32> d{};
-    if (!from_hex(h.sha256, d)) throw InputError("dump " + where + ": slice digest \"" + h.sha256 + "\" is not 64 hex digits");
+    if (!from_hex(h.sha256, d))
+      throw InputError("dump " + where + ": slice digest \"" + h.sha256 +
+                       "\" is not 64 hex digits");
     digest.insert(digest.end(), d.begin(), d.end());
   }
   std::string names;
@@ -89,7 +94,8 @@ void put_slices(hid_t layer_group, const std::vector<SliceHash>& slices, const s
   h5::write_dataset(g.get(), "sha256", Elem::kU8, digest.data(), {n, 32});
 }
 
-void put_layer(hid_t layers, const LayerTaps& t, const DumpMeta& m, const std::vector<SliceHash>* slices) {
+void put_layer(hid_t layers, const LayerTaps& t, const DumpMeta& m,
+               const std::vector<SliceHash>* slices) {
   const MoeConfig& c = m.config;
   const int64_t T = m.tokens;
   const std::string where = "/layers/" + std::to_string(t.layer);
@@ -103,9 +109,12 @@ void put_layer(hid_t layers, const LayerTaps& t, const DumpMeta& m, const std::v
   h5::write_attr(g.get(), "tokens", T);
   put_bf16(g.get(), stage_dataset(Stage::kInput), t.input, T, c.dim);
   put_bf16(g.get(), stage_dataset(Stage::kOutput), t.output, T, c.dim);
-  h5::write_dataset(g.get(), stage_dataset(Stage::kRouterLogits), Elem::kF32, t.router_logits.data(), {T, c.n_routed});
-  h5::write_dataset(g.get(), stage_dataset(Stage::kTopkIds), Elem::kI32, t.topk_ids.data(), {T, c.topk});
-  h5::write_dataset(g.get(), stage_dataset(Stage::kTopkWeights), Elem::kF32, t.topk_weights.data(), {T, c.topk});
+  h5::write_dataset(g.get(), stage_dataset(Stage::kRouterLogits), Elem::kF32,
+                    t.router_logits.data(), {T, c.n_routed});
+  h5::write_dataset(g.get(), stage_dataset(Stage::kTopkIds), Elem::kI32, t.topk_ids.data(),
+                    {T, c.topk});
+  h5::write_dataset(g.get(), stage_dataset(Stage::kTopkWeights), Elem::kF32, t.topk_weights.data(),
+                    {T, c.topk});
   if (slices != nullptr && !slices->empty()) put_slices(g.get(), *slices, where);
   if (!m.taps) return;
   if (!t.x_q8.empty()) {
@@ -119,8 +128,10 @@ void put_layer(hid_t layers, const LayerTaps& t, const DumpMeta& m, const std::v
   h5::Handle ex = h5::create_group(g.get(), "experts", where + "/experts");
   for (const ExpertTaps& e : t.experts) {
     if (e.expert < 0 || e.expert >= c.n_routed)
-      throw InputError("dump " + where + ": routed expert id " + std::to_string(e.expert) + " out of range");
-    put_expert(ex.get(), std::to_string(e.expert), e, c, where + "/experts/" + std::to_string(e.expert));
+      throw InputError("dump " + where + ": routed expert id " + std::to_string(e.expert) +
+                       " out of range");
+    put_expert(ex.get(), std::to_string(e.expert), e, c,
+               where + "/experts/" + std::to_string(e.expert));
   }
   if (!t.shared.tokens.empty()) put_expert(g.get(), "shared", t.shared, c, where + "/shared");
 }
@@ -160,7 +171,8 @@ void write_file(const std::string& path, const Dump& d) {
   h5::Handle layers = h5::create_group(r, "layers", "/layers");
   for (size_t i = 0; i < d.layers.size(); ++i)
     put_layer(layers.get(), d.layers[i], m, d.slices.empty() ? nullptr : &d.slices[i]);
-  if (H5Fflush(r, H5F_SCOPE_GLOBAL) < 0) throw std::runtime_error("HDF5 write failed: flush " + path);
+  if (H5Fflush(r, H5F_SCOPE_GLOBAL) < 0)
+    throw std::runtime_error("HDF5 write failed: flush " + path);
 }
 
 // ---- reading ----
@@ -175,18 +187,21 @@ ExpertTaps get_expert(const h5::Reader& rd, hid_t g, const std::string& path, co
   for (int64_t i = 0; i < n; ++i) {
     const int32_t tok = e.tokens[static_cast<size_t>(i)];
     if (tok < 0 || tok >= T || (i > 0 && tok <= e.tokens[static_cast<size_t>(i - 1)]))
-      rd.fail(path + "/tokens", "token ids must be ascending in [0, " + std::to_string(T) + "), found " +
-                                    std::to_string(tok) + " at index " + std::to_string(i));
+      rd.fail(path + "/tokens", "token ids must be ascending in [0, " + std::to_string(T) +
+                                    "), found " + std::to_string(tok) + " at index " +
+                                    std::to_string(i));
   }
   e.weights = rd.read_dataset<float>(g, path, stage_dataset(Stage::kExpertsWeights), {n});
   auto f32 = [&](const char* s, int64_t cols) {
-    return rd.has_object(g, s) ? rd.read_dataset<float>(g, path, s, {n, cols}) : std::vector<float>{};
+    return rd.has_object(g, s) ? rd.read_dataset<float>(g, path, s, {n, cols})
+                               : std::vector<float>{};
   };
   e.gate = f32(stage_dataset(Stage::kExpertsGate), c.inter);
   e.up = f32(stage_dataset(Stage::kExpertsUp), c.inter);
   e.h = f32(stage_dataset(Stage::kExpertsH), c.inter);
   if (rd.has_object(g, stage_dataset(Stage::kExpertsHQ8))) {
-    const auto raw = rd.read_dataset<uint8_t>(g, path, stage_dataset(Stage::kExpertsHQ8), {n, c.inter / kQK8_1, kQ8Bytes});
+    const auto raw = rd.read_dataset<uint8_t>(g, path, stage_dataset(Stage::kExpertsHQ8),
+                                              {n, c.inter / kQK8_1, kQ8Bytes});
     e.h_q8.resize(raw.size() / sizeof(BlockQ8_1));
     std::copy(raw.begin(), raw.end(), reinterpret_cast<uint8_t*>(e.h_q8.data()));
   }
@@ -194,11 +209,13 @@ ExpertTaps get_expert(const h5::Reader& rd, hid_t g, const std::string& path, co
   return e;
 }
 
-void require_bf16_attr(const h5::Reader& rd, hid_t parent, const std::string& path, const char* name) {
+void require_bf16_attr(const h5::Reader& rd, hid_t parent, const std::string& path,
+                       const char* name) {
   h5::Handle ds(H5Dopen2(parent, name, H5P_DEFAULT), H5Dclose);
   const std::string full = path + "/" + name;
   const std::string dt = rd.attr_str(ds.get(), full, "dtype");
-  if (dt != "bfloat16") rd.fail(full, "attribute dtype: expected \"bfloat16\", found \"" + dt + "\"");
+  if (dt != "bfloat16")
+    rd.fail(full, "attribute dtype: expected \"bfloat16\", found \"" + dt + "\"");
 }
 
 LayerTaps get_layer(const h5::Reader& rd, hid_t layers, const DumpMeta& m, int32_t L) {
@@ -213,18 +230,22 @@ LayerTaps get_layer(const h5::Reader& rd, hid_t layers, const DumpMeta& m, int32
   require_bf16_attr(rd, g.get(), path, stage_dataset(Stage::kInput));
   t.output = rd.read_dataset<uint16_t>(g.get(), path, stage_dataset(Stage::kOutput), {T, c.dim});
   require_bf16_attr(rd, g.get(), path, stage_dataset(Stage::kOutput));
-  t.router_logits = rd.read_dataset<float>(g.get(), path, stage_dataset(Stage::kRouterLogits), {T, c.n_routed});
+  t.router_logits =
+      rd.read_dataset<float>(g.get(), path, stage_dataset(Stage::kRouterLogits), {T, c.n_routed});
   t.topk_ids = rd.read_dataset<int32_t>(g.get(), path, stage_dataset(Stage::kTopkIds), {T, c.topk});
   for (size_t i = 0; i < t.topk_ids.size(); ++i) {
     const int32_t id = t.topk_ids[i];
     if (id < 0 || id >= c.n_routed)
-      rd.fail(path + "/topk_ids", "token " + std::to_string(i / static_cast<size_t>(c.topk)) + ": expert id " +
-                                      std::to_string(id) + " outside [0, " + std::to_string(c.n_routed) + ")");
+      rd.fail(path + "/topk_ids", "token " + std::to_string(i / static_cast<size_t>(c.topk)) +
+                                      ": expert id " + std::to_string(id) + " outside [0, " +
+                                      std::to_string(c.n_routed) + ")");
   }
-  t.topk_weights = rd.read_dataset<float>(g.get(), path, stage_dataset(Stage::kTopkWeights), {T, c.topk});
+  t.topk_weights =
+      rd.read_dataset<float>(g.get(), path, stage_dataset(Stage::kTopkWeights), {T, c.topk});
   if (!m.taps) return t;
   if (rd.has_object(g.get(), stage_dataset(Stage::kXQ8))) {
-    const auto raw = rd.read_dataset<uint8_t>(g.get(), path, stage_dataset(Stage::kXQ8), {T, c.dim / kQK8_1, kQ8Bytes});
+    const auto raw = rd.read_dataset<uint8_t>(g.get(), path, stage_dataset(Stage::kXQ8),
+                                              {T, c.dim / kQK8_1, kQ8Bytes});
     t.x_q8.resize(raw.size() / sizeof(BlockQ8_1));
     std::copy(raw.begin(), raw.end(), reinterpret_cast<uint8_t*>(t.x_q8.data()));
   }
@@ -236,8 +257,8 @@ LayerTaps get_layer(const h5::Reader& rd, hid_t layers, const DumpMeta& m, int32
     char* end = nullptr;
     const long v = std::strtol(name.c_str(), &end, 10);
     if (name.empty() || *end != '\0' || v < 0 || v >= c.n_routed)
-      rd.fail(path + "/experts/" + name, "expected a group named by an expert id in [0, " +
-                                             std::to_string(c.n_routed) + ")");
+      rd.fail(path + "/experts/" + name,
+              "expected a group named by an expert id in [0, " + std::to_string(c.n_routed) + ")");
     ids.push_back(static_cast<int32_t>(v));
   }
   std::sort(ids.begin(), ids.end());
@@ -269,9 +290,12 @@ std::vector<SliceHash> get_slices(const h5::Reader& rd, hid_t layers, int32_t L)
   for (int64_t i = 0; i < n; ++i) {
     SliceHash h;
     if (!tensor_from_code(tensor[i], &h.tensor))
-      rd.fail(path + "/tensor", "element " + std::to_string(i) + ": unknown tensor code " + std::to_string(tensor[i]));
+      rd.fail(path + "/tensor", "element " + std::to_string(i) + ": unknown tensor code " +
+                                    std::to_string(tensor[i]));
     h.expert = expert[i];
-    if (h.expert < -1) rd.fail(path + "/expert", "element " + std::to_string(i) + ": expert " + std::to_string(h.expert));
+    if (h.expert < -1)
+      rd.fail(path + "/expert",
+              "element " + std::to_string(i) + ": expert " + std::to_string(h.expert));
     std::array<uint8_t, 32> d{};
     std::copy(digest.begin() + i * 32, digest.begin() + (i + 1) * 32, d.begin());
     h.sha256 = to_hex(d);
@@ -286,13 +310,15 @@ DumpMeta get_meta(const h5::Reader& rd) {
   DumpMeta m;
   m.format_version = rd.attr_int(r, p, "format_version");
   if (m.format_version != 1 && m.format_version != kDumpFormatVersion)
-    rd.fail(p, "attribute format_version: this tool reads versions 1 and " + std::to_string(kDumpFormatVersion) +
-                   ", found " + std::to_string(m.format_version));
+    rd.fail(p, "attribute format_version: this tool reads versions 1 and " +
+                   std::to_string(kDumpFormatVersion) + ", found " +
+                   std::to_string(m.format_version));
   m.tool_version = rd.attr_str(r, p, "tool_version");
   m.git_commit = rd.attr_str(r, p, "git_commit");
   m.implementation = rd.attr_str(r, p, "implementation");
   if (m.implementation != "ref" && m.implementation != "emu" && m.implementation != "cuda")
-    rd.fail(p, "attribute implementation: expected \"ref\", \"emu\" or \"cuda\", found \"" + m.implementation + "\"");
+    rd.fail(p, "attribute implementation: expected \"ref\", \"emu\" or \"cuda\", found \"" +
+                   m.implementation + "\"");
   m.variant = rd.attr_str(r, p, "variant");
   m.device = rd.attr_str(r, p, "device");
   m.model_file = rd.attr_str(r, p, "model_file");
@@ -304,7 +330,8 @@ DumpMeta get_meta(const h5::Reader& rd) {
   c.n_routed = rd.attr_int(r, p, "config.n_routed");
   c.topk = rd.attr_int(r, p, "config.topk");
   c.n_shared = rd.attr_int(r, p, "config.n_shared");
-  c.score_func = parse_score_func(rd.attr_str(r, p, "config.score_func"), rd.file() + ": / attribute config.score_func");
+  c.score_func = parse_score_func(rd.attr_str(r, p, "config.score_func"),
+                                  rd.file() + ": / attribute config.score_func");
   c.route_scale = rd.attr_f32(r, p, "config.route_scale");
   c.swiglu_limit = rd.attr_f32(r, p, "config.swiglu_limit");
   c.gate_temp = rd.attr_f32(r, p, "config.gate_temp");
@@ -316,7 +343,8 @@ DumpMeta get_meta(const h5::Reader& rd) {
   m.input_seed = rd.attr_uint(r, p, "input_seed");
   m.tokens = rd.attr_int(r, p, "tokens");
   if (m.tokens <= 0 || m.tokens > (int64_t{1} << 24))
-    rd.fail(p, "attribute tokens: expected a positive token count, found " + std::to_string(m.tokens));
+    rd.fail(p,
+            "attribute tokens: expected a positive token count, found " + std::to_string(m.tokens));
   m.layers = rd.attr_i32_array(r, p, "layers");
   for (size_t i = 0; i < m.layers.size(); ++i)
     if (m.layers[i] < 0 || (i > 0 && m.layers[i] <= m.layers[i - 1]))
@@ -324,7 +352,8 @@ DumpMeta get_meta(const h5::Reader& rd) {
   m.taps = rd.attr_int(r, p, "taps") != 0;
   m.routing_weight_at = rd.attr_str(r, p, "routing_weight_at");
   if (m.routing_weight_at != "h" && m.routing_weight_at != "accumulate")
-    rd.fail(p, "attribute routing_weight_at: expected \"h\" or \"accumulate\", found \"" + m.routing_weight_at + "\"");
+    rd.fail(p, "attribute routing_weight_at: expected \"h\" or \"accumulate\", found \"" +
+                   m.routing_weight_at + "\"");
   for (const std::string& name : rd.attr_names(r, p))
     if (name.rfind("knob.", 0) == 0) m.knobs.emplace_back(name.substr(5), rd.attr_str(r, p, name));
   return m;
@@ -337,8 +366,8 @@ void write_dump(const std::string& path, const Dump& d) {
     throw InputError("dump " + path + ": meta lists " + std::to_string(d.meta.layers.size()) +
                      " layers, " + std::to_string(d.layers.size()) + " given");
   if (!d.slices.empty() && d.slices.size() != d.layers.size())
-    throw InputError("dump " + path + ": " + std::to_string(d.slices.size()) + " provenance lists for " +
-                     std::to_string(d.layers.size()) + " layers");
+    throw InputError("dump " + path + ": " + std::to_string(d.slices.size()) +
+                     " provenance lists for " + std::to_string(d.layers.size()) + " layers");
   for (size_t i = 0; i < d.layers.size(); ++i)
     if (d.layers[i].layer != d.meta.layers[i])
       throw InputError("dump " + path + ": layer " + std::to_string(d.layers[i].layer) +

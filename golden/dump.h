@@ -1,8 +1,8 @@
 // HDF5 tensor dumps of layer forwards: what `moecheck run` writes, `moecheck diff` compares and
 // golden/data/ holds. Self-describing (format version, tool version and git commit,
 // implementation and knobs, device, model file and the SHA-256 of what the run read: header,
-// per-layer tensors and expert slices; the whole file's only when asked), config, seeds), one group per layer
-// with the stages of core/taps.h. Written to a temporary name and renamed; read back with
+// per-layer tensors and expert slices; the whole file's only when asked), config, seeds), one group
+// per layer with the stages of core/taps.h. Written to a temporary name and renamed; read back with
 // every object validated. Contract: docs/golden-format.md.
 #pragma once
 
@@ -23,24 +23,24 @@ inline constexpr int64_t kDumpFormatVersion = 2;
 
 struct DumpMeta {
   int64_t format_version = kDumpFormatVersion;
-  std::string tool_version;      // MOECHECK_VERSION
-  std::string git_commit;        // configure-time `git describe`, "unknown" outside a checkout
-  std::string implementation;    // "ref" | "emu" | "cuda"
-  std::string variant;           // one line, e.g. "router=staged warps=8 shared_side=on"
+  std::string tool_version;    // MOECHECK_VERSION
+  std::string git_commit;      // configure-time `git describe`, "unknown" outside a checkout
+  std::string implementation;  // "ref" | "emu" | "cuda"
+  std::string variant;         // one line, e.g. "router=staged warps=8 shared_side=on"
   // Every knob of the implementation, written as root attributes "knob.<name>" (strings).
   std::vector<std::pair<std::string, std::string>> knobs;
-  std::string device;            // "cpu" or the GPU's name
-  std::string model_file;        // base name of the GGUF file
-  std::string model_sha256;         // hex SHA-256 of the whole GGUF file; "" unless asked (--hash-file)
+  std::string device;        // "cpu" or the GPU's name
+  std::string model_file;    // base name of the GGUF file
+  std::string model_sha256;  // hex SHA-256 of the whole GGUF file; "" unless asked (--hash-file)
   std::string model_header_sha256;  // hex SHA-256 of the GGUF header and metadata (version 2)
   MoeConfig config;
-  bool has_model_seed = false;   // the GGUF carried the generator's seed key
+  bool has_model_seed = false;  // the GGUF carried the generator's seed key
   uint64_t model_seed = 0;
-  std::string input_source;      // "seed", "seed+chain", "dump:<file name>"
-  uint64_t input_seed = 0;       // meaningful when input_source starts with "seed"
+  std::string input_source;  // "seed", "seed+chain", "dump:<file name>"
+  uint64_t input_seed = 0;   // meaningful when input_source starts with "seed"
   int64_t tokens = 0;
-  std::vector<int32_t> layers;   // ascending order of the /layers groups
-  bool taps = false;             // every stage present (--taps), else the five basic datasets
+  std::vector<int32_t> layers;  // ascending order of the /layers groups
+  bool taps = false;            // every stage present (--taps), else the five basic datasets
   // Where the routing weight multiplies an expert's result: "h" (model.py: weights * h before
   // w2, so the h and down taps are weighted; the reference) or "accumulate" (the emulation and
   // the kernels: h and down unweighted, acc += w * down). Root attribute routing_weight_at.
@@ -48,9 +48,9 @@ struct DumpMeta {
 };
 
 struct Dump {
-  std::string path;              // where it was read from (messages)
+  std::string path;  // where it was read from (messages)
   DumpMeta meta;
-  std::vector<LayerTaps> layers; // matches meta.layers
+  std::vector<LayerTaps> layers;  // matches meta.layers
   // Per layer (matching layers): the SHA-256 of each tensor and expert slice the forward read
   // (golden/provenance.h); empty when the dump records none (version 1, or tensors from elsewhere).
   std::vector<std::vector<SliceHash>> slices;

@@ -53,7 +53,8 @@ constexpr hsize_t kCompactBytes = 16 * 1024;
 void put_attr(hid_t obj, const std::string& name, hid_t ftype, hid_t mtype, const void* v,
               hsize_t n, bool scalar) {
   Handle space(scalar ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &n, nullptr), H5Sclose);
-  Handle attr(H5Acreate2(obj, name.c_str(), ftype, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  Handle attr(H5Acreate2(obj, name.c_str(), ftype, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+              H5Aclose);
   if (!attr.valid() || H5Awrite(attr.get(), mtype, v) < 0) write_fail("attribute " + name);
 }
 
@@ -144,13 +145,15 @@ void write_dataset(hid_t parent, const std::string& name, Elem e, const void* da
     std::vector<hsize_t> chunk = hd;
     hsize_t row = elem_bytes(e);
     for (size_t i = 1; i < hd.size(); ++i) row *= hd[i];
-    chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(hd[0], (hsize_t{1} << 20) / std::max<hsize_t>(row, 1)));
+    chunk[0] = std::max<hsize_t>(
+        1, std::min<hsize_t>(hd[0], (hsize_t{1} << 20) / std::max<hsize_t>(row, 1)));
     H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data());
     if (H5Zfilter_avail(H5Z_FILTER_SHUFFLE) > 0) H5Pset_shuffle(dcpl.get());
     if (H5Zfilter_avail(H5Z_FILTER_DEFLATE) > 0) H5Pset_deflate(dcpl.get(), 6);
   }
   Handle ds(H5Dcreate2(parent, name.c_str(), file_type(e), space.get(), H5P_DEFAULT, dcpl.get(),
-                       H5P_DEFAULT), H5Dclose);
+                       H5P_DEFAULT),
+            H5Dclose);
   if (!ds.valid()) write_fail("dataset " + name);
   if (total > 0 && H5Dwrite(ds.get(), mem_type(e), H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
     write_fail("dataset " + name);
@@ -186,7 +189,8 @@ Handle Reader::open_group(hid_t parent, const std::string& path, const std::stri
   const std::string full = path == "/" ? "/" + name : path + "/" + name;
   if (!has_object(parent, name)) fail(full, "missing group");
   H5O_info_t info;
-  if (H5Oget_info_by_name(parent, name.c_str(), &info, H5P_DEFAULT) < 0 || info.type != H5O_TYPE_GROUP)
+  if (H5Oget_info_by_name(parent, name.c_str(), &info, H5P_DEFAULT) < 0 ||
+      info.type != H5O_TYPE_GROUP)
     fail(full, "expected a group");
   Handle g(H5Gopen2(parent, name.c_str(), H5P_DEFAULT), H5Gclose);
   if (!g.valid()) fail(full, "cannot open group (corrupt file)");
@@ -198,7 +202,8 @@ std::vector<std::string> Reader::children(hid_t group, const std::string& path) 
   if (H5Gget_info(group, &info) < 0) fail(path, "cannot list group (corrupt file)");
   std::vector<std::string> out;
   for (hsize_t i = 0; i < info.nlinks; ++i) {
-    const ssize_t n = H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    const ssize_t n =
+        H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
     if (n < 0) fail(path, "cannot read link name (corrupt file)");
     std::string s(static_cast<size_t>(n) + 1, '\0');
     H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, s.data(), s.size(), H5P_DEFAULT);
@@ -213,7 +218,8 @@ std::vector<std::string> Reader::attr_names(hid_t obj, const std::string& path) 
   if (H5Oget_info(obj, &info) < 0) fail(path, "cannot read object header (corrupt file)");
   std::vector<std::string> out;
   for (hsize_t i = 0; i < info.num_attrs; ++i) {
-    const ssize_t n = H5Aget_name_by_idx(obj, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    const ssize_t n =
+        H5Aget_name_by_idx(obj, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
     if (n < 0) fail(path, "cannot read attribute name (corrupt file)");
     std::string s(static_cast<size_t>(n) + 1, '\0');
     H5Aget_name_by_idx(obj, ".", H5_INDEX_NAME, H5_ITER_INC, i, s.data(), s.size(), H5P_DEFAULT);
@@ -233,7 +239,8 @@ struct AttrOpen {
 
 }  // namespace
 
-static AttrOpen open_attr(const Reader& r, hid_t obj, const std::string& path, const std::string& name) {
+static AttrOpen open_attr(const Reader& r, hid_t obj, const std::string& path,
+                          const std::string& name) {
   if (!r.has_attr(obj, name)) r.fail(path, "missing attribute " + name);
   AttrOpen a;
   a.attr = Handle(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose);
@@ -262,7 +269,8 @@ std::string Reader::attr_str(hid_t obj, const std::string& path, const std::stri
   if (size == 0 || size > (size_t{1} << 20)) fail(path, "attribute " + name + ": bad string size");
   std::string s(size, '\0');
   Handle mt(H5Tcopy(a.type.get()), H5Tclose);
-  if (H5Aread(a.attr.get(), mt.get(), s.data()) < 0) fail(path, "attribute " + name + ": cannot read");
+  if (H5Aread(a.attr.get(), mt.get(), s.data()) < 0)
+    fail(path, "attribute " + name + ": cannot read");
   s.resize(std::strlen(s.c_str()));
   return s;
 }
@@ -290,14 +298,16 @@ float Reader::attr_f32(hid_t obj, const std::string& path, const std::string& na
   if (a.cls != H5T_FLOAT || a.n != 1 || H5Tget_size(a.type.get()) != 4)
     fail(path, "attribute " + name + ": expected one float32");
   float v = 0;
-  if (H5Aread(a.attr.get(), H5T_NATIVE_FLOAT, &v) < 0) fail(path, "attribute " + name + ": cannot read");
+  if (H5Aread(a.attr.get(), H5T_NATIVE_FLOAT, &v) < 0)
+    fail(path, "attribute " + name + ": cannot read");
   return v;
 }
 
 std::vector<int32_t> Reader::attr_i32_array(hid_t obj, const std::string& path,
                                             const std::string& name) const {
   AttrOpen a = open_attr(*this, obj, path, name);
-  if (a.cls != H5T_INTEGER || H5Sget_simple_extent_ndims(a.space.get()) > 1 || a.n < 0 || a.n > (1 << 20))
+  if (a.cls != H5T_INTEGER || H5Sget_simple_extent_ndims(a.space.get()) > 1 || a.n < 0 ||
+      a.n > (1 << 20))
     fail(path, "attribute " + name + ": expected a 1-d integer array");
   std::vector<int32_t> v(static_cast<size_t>(a.n));
   if (a.n > 0 && H5Aread(a.attr.get(), H5T_NATIVE_INT32, v.data()) < 0)
@@ -305,12 +315,14 @@ std::vector<int32_t> Reader::attr_i32_array(hid_t obj, const std::string& path,
   return v;
 }
 
-std::vector<int64_t> Reader::check_dataset(hid_t parent, const std::string& path, const std::string& name,
-                                           Elem e, const std::vector<int64_t>& dims) const {
+std::vector<int64_t> Reader::check_dataset(hid_t parent, const std::string& path,
+                                           const std::string& name, Elem e,
+                                           const std::vector<int64_t>& dims) const {
   const std::string full = path + "/" + name;
   if (!has_object(parent, name)) fail(full, "missing dataset");
   H5O_info_t info;
-  if (H5Oget_info_by_name(parent, name.c_str(), &info, H5P_DEFAULT) < 0 || info.type != H5O_TYPE_DATASET)
+  if (H5Oget_info_by_name(parent, name.c_str(), &info, H5P_DEFAULT) < 0 ||
+      info.type != H5O_TYPE_DATASET)
     fail(full, "expected a dataset");
   Handle ds(H5Dopen2(parent, name.c_str(), H5P_DEFAULT), H5Dclose);
   if (!ds.valid()) fail(full, "cannot open dataset (corrupt file)");
@@ -324,8 +336,9 @@ std::vector<int64_t> Reader::check_dataset(hid_t parent, const std::string& path
     const H5T_sign_t sign = H5Tget_sign(type.get());
     ok = ok && cls == H5T_INTEGER && (sign == H5T_SGN_2) == (e == Elem::kI32);
   }
-  if (!ok) fail(full, "expected element type " + elem_name(e) + ", found another type (class " +
-                          std::to_string(static_cast<int>(cls)) + ", " + std::to_string(size) + " bytes)");
+  if (!ok)
+    fail(full, "expected element type " + elem_name(e) + ", found another type (class " +
+                   std::to_string(static_cast<int>(cls)) + ", " + std::to_string(size) + " bytes)");
   Handle space(H5Dget_space(ds.get()), H5Sclose);
   const int rank = H5Sget_simple_extent_ndims(space.get());
   if (rank < 0 || rank > 8) fail(full, "bad dataspace");
@@ -335,7 +348,8 @@ std::vector<int64_t> Reader::check_dataset(hid_t parent, const std::string& path
   bool shape_ok = found.size() == dims.size();
   for (size_t i = 0; shape_ok && i < dims.size(); ++i)
     shape_ok = dims[i] < 0 || dims[i] == found[i];
-  if (!shape_ok) fail(full, "expected shape " + dims_string(dims) + ", found " + dims_string(found));
+  if (!shape_ok)
+    fail(full, "expected shape " + dims_string(dims) + ", found " + dims_string(found));
   // Guard the allocation the caller is about to make (a corrupt header could claim anything).
   int64_t total = static_cast<int64_t>(elem_bytes(e));
   for (int64_t d : found) {

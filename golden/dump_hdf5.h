@@ -90,7 +90,8 @@ class Reader {
   int64_t attr_int(hid_t obj, const std::string& path, const std::string& name) const;
   uint64_t attr_uint(hid_t obj, const std::string& path, const std::string& name) const;
   float attr_f32(hid_t obj, const std::string& path, const std::string& name) const;
-  std::vector<int32_t> attr_i32_array(hid_t obj, const std::string& path, const std::string& name) const;
+  std::vector<int32_t> attr_i32_array(hid_t obj, const std::string& path,
+                                      const std::string& name) const;
 
   // Reads dataset `name` under `parent` (at `path`), checking its element class and width
   // against T and its shape against `dims` (-1 = any extent). The actual dims go to `found`.

@@ -10,8 +10,8 @@
 #include <memory>
 
 #include "core/error.h"
-#include "core/numfmt.h"
 #include "core/kquant.h"
+#include "core/numfmt.h"
 
 namespace moecheck {
 
@@ -29,7 +29,11 @@ constexpr uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); 
 
 // Stream ids: one per tensor kind, so no two tensors share a stream.
 enum StreamId : uint64_t {
-  kStreamRouter = 1, kStreamBias = 2, kStreamExperts = 3, kStreamShared = 6, kStreamInput = 9,
+  kStreamRouter = 1,
+  kStreamBias = 2,
+  kStreamExperts = 3,
+  kStreamShared = 6,
+  kStreamInput = 9,
 };
 
 uint64_t proj_index(Proj p) { return static_cast<uint64_t>(p); }
@@ -77,7 +81,8 @@ void random_valid_blocks(Rng& rng, const Geometry& g, uint8_t* out) {
     for (int64_t i = 0; i < nblocks; ++i) {
       fill_random_bytes(rng, b[i].hmask, sizeof b[i].hmask);
       fill_random_bytes(rng, b[i].qs, sizeof b[i].qs);
-      fill_random_bytes(rng, b[i].scales, sizeof b[i].scales);  // every byte pattern is 16 valid 6-bit scales
+      fill_random_bytes(rng, b[i].scales,
+                        sizeof b[i].scales);  // every byte pattern is 16 valid 6-bit scales
       b[i].d = random_scale(rng, sigma / 43.0f);
     }
   }
@@ -92,16 +97,13 @@ void quantized_blocks(Rng& rng, const Geometry& g, uint8_t* out) {
     uint8_t* dst = out + r * rb;
     if (g.kquant == GgmlType::kQ2K)
       quantize_row_q2_K_ref(row.data(), reinterpret_cast<BlockQ2K*>(dst), g.cols);
-    else
-      quantize_row_q3_K_ref(row.data(), reinterpret_cast<BlockQ3K*>(dst), g.cols);
+    else quantize_row_q3_K_ref(row.data(), reinterpret_cast<BlockQ3K*>(dst), g.cols);
   }
 }
 
 void kquant_blocks(const GenOptions& o, Rng& rng, const Geometry& g, uint8_t* out) {
-  if (o.blocks == ExpertBlocks::kRandomValid)
-    random_valid_blocks(rng, g, out);
-  else
-    quantized_blocks(rng, g, out);
+  if (o.blocks == ExpertBlocks::kRandomValid) random_valid_blocks(rng, g, out);
+  else quantized_blocks(rng, g, out);
 }
 
 }  // namespace
@@ -149,9 +151,11 @@ uint64_t stream_key(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
 void GenOptions::validate() const {
   const std::string where = "generator preset \"" + preset + "\"";
   config.validate(where);
-  if (n_layers < 1) throw InputError(where + ": n_layers must be at least 1, found " + std::to_string(n_layers));
+  if (n_layers < 1)
+    throw InputError(where + ": n_layers must be at least 1, found " + std::to_string(n_layers));
   if (alignment == 0 || (alignment & (alignment - 1)) != 0)
-    throw InputError(where + ": alignment must be a power of two, found " + std::to_string(alignment));
+    throw InputError(where + ": alignment must be a power of two, found " +
+                     std::to_string(alignment));
 }
 
 GenOptions preset_options(const std::string& preset) {
@@ -175,11 +179,12 @@ GenOptions default_model_options() { return preset_options("tiny"); }
 
 GenOptions options_from_model(const ModelFile& m) {
   if (!m.provenance())
-    throw InputError(m.path() + ": no moecheck.generator.* keys: not written by the synthetic generator");
+    throw InputError(m.path() +
+                     ": no moecheck.generator.* keys: not written by the synthetic generator");
   const GeneratorProvenance& p = *m.provenance();
   if (p.version != kGeneratorVersion)
-    throw InputError(m.path() + ": generator version " + std::to_string(p.version) + ", this build makes version " +
-                     std::to_string(kGeneratorVersion));
+    throw InputError(m.path() + ": generator version " + std::to_string(p.version) +
+                     ", this build makes version " + std::to_string(kGeneratorVersion));
   GenOptions o;
   o.preset = p.preset;
   o.config = m.config();
@@ -189,7 +194,7 @@ GenOptions options_from_model(const ModelFile& m) {
   o.alignment = m.gguf().alignment();
   const gguf::TensorInfo* t = m.gguf().find_tensor(tensor_name(0, LayerTensor::kGateShexp));
   o.shared = t && t->type != static_cast<uint32_t>(GgmlType::kBF16) ? SharedExpertType::kKQuant
-                                                                     : SharedExpertType::kBF16;
+                                                                    : SharedExpertType::kBF16;
   return o;
 }
 
@@ -210,10 +215,12 @@ void generate_expert_blocks(const GenOptions& o, int layer, Proj p, int64_t expe
 void generate_router(const GenOptions& o, int layer, uint16_t* out) {
   const MoeConfig& c = o.config;
   for (int64_t e = 0; e < c.n_routed; ++e) {
-    Rng rng(stream_key(o.seed, static_cast<uint64_t>(layer), kStreamRouter, static_cast<uint64_t>(e)));
+    Rng rng(
+        stream_key(o.seed, static_cast<uint64_t>(layer), kStreamRouter, static_cast<uint64_t>(e)));
     // Row norms vary by +-15% across experts, so logits (and scores) of different experts spread
     // differently; more would let a few large-norm experts win most top-k picks at 384 experts.
-    const float scale = static_cast<float>(0.85 + 0.3 * rng.uniform()) / std::sqrt(static_cast<float>(c.dim));
+    const float scale =
+        static_cast<float>(0.85 + 0.3 * rng.uniform()) / std::sqrt(static_cast<float>(c.dim));
     for (int64_t k = 0; k < c.dim; ++k) out[e * c.dim + k] = f32_to_bf16(rng.normal() * scale);
   }
 }
@@ -273,7 +280,8 @@ LayerWeights generate_layer(const GenOptions& o, int layer) {
     const int64_t eb = expert_bytes(o, p);
     auto& v = buf->exps[proj_index(p)];
     v.resize(static_cast<size_t>(eb * c.n_routed));
-    for (int64_t e = 0; e < c.n_routed; ++e) generate_expert_blocks(o, layer, p, e, v.data() + e * eb);
+    for (int64_t e = 0; e < c.n_routed; ++e)
+      generate_expert_blocks(o, layer, p, e, v.data() + e * eb);
     auto& s = buf->shared[proj_index(p)];
     s.resize(static_cast<size_t>(shared_bytes(o, p)));
     generate_shared(o, layer, p, s.data());
@@ -287,9 +295,12 @@ LayerWeights generate_layer(const GenOptions& o, int layer) {
   w.gate_exps = ExpertStackView{GgmlType::kQ2K, c.inter, c.dim, c.n_routed, buf->exps[0].data()};
   w.up_exps = ExpertStackView{GgmlType::kQ2K, c.inter, c.dim, c.n_routed, buf->exps[1].data()};
   w.down_exps = ExpertStackView{GgmlType::kQ3K, c.dim, c.inter, c.n_routed, buf->exps[2].data()};
-  w.shared_gate = MatView{kq ? GgmlType::kQ2K : GgmlType::kBF16, c.inter, c.dim, buf->shared[0].data()};
-  w.shared_up = MatView{kq ? GgmlType::kQ2K : GgmlType::kBF16, c.inter, c.dim, buf->shared[1].data()};
-  w.shared_down = MatView{kq ? GgmlType::kQ3K : GgmlType::kBF16, c.dim, c.inter, buf->shared[2].data()};
+  w.shared_gate =
+      MatView{kq ? GgmlType::kQ2K : GgmlType::kBF16, c.inter, c.dim, buf->shared[0].data()};
+  w.shared_up =
+      MatView{kq ? GgmlType::kQ2K : GgmlType::kBF16, c.inter, c.dim, buf->shared[1].data()};
+  w.shared_down =
+      MatView{kq ? GgmlType::kQ3K : GgmlType::kBF16, c.dim, c.inter, buf->shared[2].data()};
   w.keep_alive = std::move(buf);
   return w;
 }
@@ -307,7 +318,8 @@ std::string write_model(const GenOptions& o, const std::string& path) {
   w.set(keys::kGenFastBlocks, gguf::make_bool(o.blocks == ExpertBlocks::kRandomValid));
   auto add = [&](int L, LayerTensor t, uint64_t chunk, gguf::FillFn fill) {
     const TensorShape s = expected_tensor(c, t, o.shared);
-    w.add_tensor(gguf::TensorSpec{tensor_name(L, t), static_cast<uint32_t>(s.type), s.ne, chunk, std::move(fill)});
+    w.add_tensor(gguf::TensorSpec{tensor_name(L, t), static_cast<uint32_t>(s.type), s.ne, chunk,
+                                  std::move(fill)});
   };
   const uint64_t router_bytes = static_cast<uint64_t>(c.n_routed * c.dim * 2);
   const uint64_t bias_bytes = static_cast<uint64_t>(c.n_routed * 4);
@@ -319,8 +331,10 @@ std::string write_model(const GenOptions& o, const std::string& path) {
     add(L, LayerTensor::kBias, bias_bytes, [&o, L](uint64_t, uint8_t* out, uint64_t) {
       generate_bias(o, L, reinterpret_cast<float*>(out));
     });
-    const LayerTensor exps[3] = {LayerTensor::kGateExps, LayerTensor::kUpExps, LayerTensor::kDownExps};
-    const LayerTensor shexp[3] = {LayerTensor::kGateShexp, LayerTensor::kUpShexp, LayerTensor::kDownShexp};
+    const LayerTensor exps[3] = {LayerTensor::kGateExps, LayerTensor::kUpExps,
+                                 LayerTensor::kDownExps};
+    const LayerTensor shexp[3] = {LayerTensor::kGateShexp, LayerTensor::kUpShexp,
+                                  LayerTensor::kDownShexp};
     for (const Proj p : {Proj::kGate, Proj::kUp, Proj::kDown}) {
       // One expert per chunk: the writer asks for exactly expert_bytes at multiples of it.
       const uint64_t eb = static_cast<uint64_t>(expert_bytes(o, p));
@@ -336,7 +350,8 @@ std::string write_model(const GenOptions& o, const std::string& path) {
 
 std::vector<uint16_t> generate_input(uint64_t seed, int64_t tokens, int64_t dim) {
   std::vector<uint16_t> x(static_cast<size_t>(tokens * dim));
-  Rng rng(stream_key(seed, kStreamInput, static_cast<uint64_t>(tokens), static_cast<uint64_t>(dim)));
+  Rng rng(
+      stream_key(seed, kStreamInput, static_cast<uint64_t>(tokens), static_cast<uint64_t>(dim)));
   for (uint16_t& v : x) v = f32_to_bf16(rng.normal());
   return x;
 }

@@ -121,14 +121,16 @@ std::string describe(const Value& v) {
   switch (v.type) {
     case ValueType::kString: return "string \"" + v.str + "\"";
     case ValueType::kArray:
-      return std::string("array<") + type_name(v.elem_type) + ">[" + std::to_string(v.items.size()) + "]";
+      return std::string("array<") + type_name(v.elem_type) + ">[" +
+             std::to_string(v.items.size()) + "]";
     case ValueType::kFloat32: return "float32 " + std::to_string(v.as_f32());
     case ValueType::kFloat64: return "float64 " + std::to_string(v.as_f64());
     case ValueType::kBool: return v.bits ? "bool true" : "bool false";
     case ValueType::kInt8:
     case ValueType::kInt16:
     case ValueType::kInt32:
-    case ValueType::kInt64: return std::string(type_name(v.type)) + " " + std::to_string(v.as_int());
+    case ValueType::kInt64:
+      return std::string(type_name(v.type)) + " " + std::to_string(v.as_int());
     default: return std::string(type_name(v.type)) + " " + std::to_string(v.bits);
   }
 }

@@ -26,8 +26,19 @@ inline constexpr const char* kAlignmentKey = "general.alignment";
 
 // GGUF metadata value type ids, as stored.
 enum class ValueType : uint32_t {
-  kUint8 = 0, kInt8 = 1, kUint16 = 2, kInt16 = 3, kUint32 = 4, kInt32 = 5, kFloat32 = 6,
-  kBool = 7, kString = 8, kArray = 9, kUint64 = 10, kInt64 = 11, kFloat64 = 12,
+  kUint8 = 0,
+  kInt8 = 1,
+  kUint16 = 2,
+  kInt16 = 3,
+  kUint32 = 4,
+  kInt32 = 5,
+  kFloat32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kUint64 = 10,
+  kInt64 = 11,
+  kFloat64 = 12,
 };
 inline constexpr uint32_t kValueTypeCount = 13;
 
@@ -48,7 +59,7 @@ struct Value {
 
   // Typed reads; each requires the exact type (callers check `type` first).
   uint64_t as_uint() const { return bits; }
-  int64_t as_int() const;   // sign-extends INT8..INT64
+  int64_t as_int() const;  // sign-extends INT8..INT64
   float as_f32() const;
   double as_f64() const;
   bool as_bool() const { return bits != 0; }
@@ -77,7 +88,8 @@ struct KeyValue {
   uint64_t file_offset = 0;  // where the key starts in the file (reader only)
 };
 
-// ggml tensor type ids this project knows the block size of (ggml's enum ggml_type, include/ggml.h at ggml-org/ggml d99724f2).
+// ggml tensor type ids this project knows the block size of (ggml's enum ggml_type, include/ggml.h
+// at ggml-org/ggml d99724f2).
 struct TypeTraits {
   const char* name = nullptr;  // nullptr: unknown id
   int64_t block_values = 0;
@@ -89,10 +101,10 @@ struct TensorInfo {
   std::string name;
   uint32_t n_dims = 0;
   std::array<int64_t, kMaxDims> ne{1, 1, 1, 1};  // ggml order: ne[0] is the row length
-  uint32_t type = 0;                            // ggml_type id
-  uint64_t offset = 0;                          // relative to the data section
+  uint32_t type = 0;                             // ggml_type id
+  uint64_t offset = 0;                           // relative to the data section
   uint64_t nbytes = 0;
-  uint64_t info_offset = 0;                     // where the info starts in the file (reader only)
+  uint64_t info_offset = 0;  // where the info starts in the file (reader only)
 
   int64_t n_values() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
 };
@@ -150,9 +162,9 @@ using FillFn = std::function<void(uint64_t offset, uint8_t* out, uint64_t n)>;
 
 struct TensorSpec {
   std::string name;
-  uint32_t type = 0;           // ggml_type id
-  std::vector<int64_t> ne;     // ggml order, 1..4 dims
-  uint64_t chunk_bytes = 0;    // the writer asks for at most this many bytes per call; 0 = all
+  uint32_t type = 0;         // ggml_type id
+  std::vector<int64_t> ne;   // ggml order, 1..4 dims
+  uint64_t chunk_bytes = 0;  // the writer asks for at most this many bytes per call; 0 = all
   FillFn fill;
 };
 

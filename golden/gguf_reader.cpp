@@ -71,7 +71,7 @@ class Cursor {
 };
 
 // Smallest encodings, used to bound counts before anything is allocated.
-constexpr uint64_t kMinKvBytes = 8 + 1 + 4 + 1;           // key length, 1-byte key, type, uint8
+constexpr uint64_t kMinKvBytes = 8 + 1 + 4 + 1;  // key length, 1-byte key, type, uint8
 constexpr uint64_t kMinTensorInfoBytes = 8 + 1 + 4 + 8 + 4 + 8;  // name, 1 dim, type, offset
 
 Value read_scalar_or_string(Cursor& c, ValueType t, const std::string& field) {
@@ -93,7 +93,8 @@ Value read_value(Cursor& c, ValueType t, const std::string& field) {
   const uint64_t et_at = c.pos();
   const uint32_t et = c.u32(field + " array element type");
   if (et >= kValueTypeCount)
-    c.fail(et_at, field + ": array element type id " + std::to_string(et) + " is not a GGUF type (0..12)");
+    c.fail(et_at,
+           field + ": array element type id " + std::to_string(et) + " is not a GGUF type (0..12)");
   if (static_cast<ValueType>(et) == ValueType::kArray)
     c.fail(et_at, field + ": nested arrays are not allowed");
   const ValueType elem = static_cast<ValueType>(et);
@@ -146,7 +147,8 @@ Reader Reader::open(const std::string& path) {
     if (p == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
-      throw InputError(path + ": cannot map " + std::to_string(map->size) + " bytes: " + std::strerror(err));
+      throw InputError(path + ": cannot map " + std::to_string(map->size) +
+                       " bytes: " + std::strerror(err));
     }
     map->addr = p;
   }
@@ -182,8 +184,9 @@ class Parser {
     if (r_.version_ != kVersion) {
       // ggml's test: a byte-swapped file has its version in the high half.
       if ((r_.version_ & 0xFFFFu) == 0 && r_.version_ != 0)
-        c_.fail(4, "version: " + std::to_string(r_.version_) +
-                       " is a byte-swapped (big-endian) GGUF; only little-endian files are supported");
+        c_.fail(4,
+                "version: " + std::to_string(r_.version_) +
+                    " is a byte-swapped (big-endian) GGUF; only little-endian files are supported");
       c_.fail(4, "version: expected 3, found " + std::to_string(r_.version_));
     }
     n_tensors_ = c_.u64("tensor_count");
@@ -193,8 +196,9 @@ class Parser {
                      std::to_string(kMinTensorInfoBytes) + " bytes per tensor info, only " +
                      std::to_string(c_.left()) + " bytes left in the file");
     if (n_kv_ > (c_.left() - n_tensors_ * kMinTensorInfoBytes) / kMinKvBytes)
-      c_.fail(16, "kv_count " + std::to_string(n_kv_) + " needs at least " + std::to_string(kMinKvBytes) +
-                      " bytes per key-value pair, only " + std::to_string(c_.left()) +
+      c_.fail(16, "kv_count " + std::to_string(n_kv_) + " needs at least " +
+                      std::to_string(kMinKvBytes) + " bytes per key-value pair, only " +
+                      std::to_string(c_.left()) +
                       " bytes left in the file besides the tensor infos");
   }
 
@@ -207,12 +211,14 @@ class Parser {
       kv.key = c_.str(field + " key");
       if (kv.key.empty()) c_.fail(kv.file_offset, field + " key is empty");
       if (const auto it = r_.kv_index_.find(kv.key); it != r_.kv_index_.end())
-        c_.fail(kv.file_offset, field + " key \"" + kv.key + "\" duplicates kv[" + std::to_string(it->second) + "]");
+        c_.fail(kv.file_offset, field + " key \"" + kv.key + "\" duplicates kv[" +
+                                    std::to_string(it->second) + "]");
       const std::string vfield = field + " \"" + kv.key + "\"";
       const uint64_t type_at = c_.pos();
       const uint32_t t = c_.u32(vfield + " value type");
       if (t >= kValueTypeCount)
-        c_.fail(type_at, vfield + ": value type id " + std::to_string(t) + " is not a GGUF type (0..12)");
+        c_.fail(type_at,
+                vfield + ": value type id " + std::to_string(t) + " is not a GGUF type (0..12)");
       const uint64_t value_at = c_.pos();
       kv.value = read_value(c_, static_cast<ValueType>(t), vfield);
       if (kv.key == kAlignmentKey) alignment(kv.value, vfield, type_at, value_at);
@@ -239,10 +245,11 @@ class Parser {
       const TensorInfo& t = r_.tensors_[i];
       const uint64_t avail = r_.data_offset_ <= size ? size - r_.data_offset_ : 0;
       if (r_.data_offset_ > size || t.offset > avail || t.nbytes > avail - t.offset)
-        c_.fail(offset_at_[i], "tensor[" + std::to_string(i) + "] \"" + t.name + "\": data [" +
-                                   std::to_string(t.offset) + ", +" + std::to_string(t.nbytes) +
-                                   ") relative to the data section at " + std::to_string(r_.data_offset_) +
-                                   " ends past the end of the file (size " + std::to_string(size) + ")");
+        c_.fail(offset_at_[i],
+                "tensor[" + std::to_string(i) + "] \"" + t.name + "\": data [" +
+                    std::to_string(t.offset) + ", +" + std::to_string(t.nbytes) +
+                    ") relative to the data section at " + std::to_string(r_.data_offset_) +
+                    " ends past the end of the file (size " + std::to_string(size) + ")");
     }
     std::vector<size_t> order(r_.tensors_.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -254,9 +261,10 @@ class Parser {
       const TensorInfo& prev = ts[order[k - 1]];
       const TensorInfo& cur = ts[order[k]];
       if (prev.offset + prev.nbytes > cur.offset)
-        c_.fail(offset_at_[order[k]], "tensor[" + std::to_string(order[k]) + "] \"" + cur.name + "\": data at " +
-                                          std::to_string(cur.offset) + " overlaps tensor[" +
-                                          std::to_string(order[k - 1]) + "] \"" + prev.name + "\" [" +
+        c_.fail(offset_at_[order[k]], "tensor[" + std::to_string(order[k]) + "] \"" + cur.name +
+                                          "\": data at " + std::to_string(cur.offset) +
+                                          " overlaps tensor[" + std::to_string(order[k - 1]) +
+                                          "] \"" + prev.name + "\" [" +
                                           std::to_string(prev.offset) + ", " +
                                           std::to_string(prev.offset + prev.nbytes) + ")");
     }
@@ -264,9 +272,11 @@ class Parser {
 
  private:
   void alignment(const Value& v, const std::string& vfield, uint64_t type_at, uint64_t value_at) {
-    if (v.type != ValueType::kUint32) c_.fail(type_at, vfield + ": must be uint32, found " + type_name(v.type));
+    if (v.type != ValueType::kUint32)
+      c_.fail(type_at, vfield + ": must be uint32, found " + type_name(v.type));
     const uint64_t a = v.bits;
-    if (a == 0 || (a & (a - 1)) != 0) c_.fail(value_at, vfield + ": must be a power of two, found " + std::to_string(a));
+    if (a == 0 || (a & (a - 1)) != 0)
+      c_.fail(value_at, vfield + ": must be a power of two, found " + std::to_string(a));
     r_.alignment_ = static_cast<uint32_t>(a);
   }
 
@@ -277,11 +287,12 @@ class Parser {
     t.name = c_.str(field + " name");
     if (t.name.empty()) c_.fail(t.info_offset, field + " name is empty");
     if (t.name.size() > kMaxNameBytes)
-      c_.fail(t.info_offset, field + " name is " + std::to_string(t.name.size()) + " bytes, at most " +
-                                 std::to_string(kMaxNameBytes) + " allowed (ggml GGML_MAX_NAME)");
+      c_.fail(t.info_offset, field + " name is " + std::to_string(t.name.size()) +
+                                 " bytes, at most " + std::to_string(kMaxNameBytes) +
+                                 " allowed (ggml GGML_MAX_NAME)");
     if (const auto it = r_.tensor_index_.find(t.name); it != r_.tensor_index_.end())
-      c_.fail(t.info_offset,
-              field + " name \"" + t.name + "\" duplicates tensor[" + std::to_string(it->second) + "]");
+      c_.fail(t.info_offset, field + " name \"" + t.name + "\" duplicates tensor[" +
+                                 std::to_string(it->second) + "]");
     const std::string tf = field + " \"" + t.name + "\"";
     const uint64_t nd_at = c_.pos();
     t.n_dims = c_.u32(tf + " n_dims");
@@ -292,19 +303,23 @@ class Parser {
       const uint64_t ne_at = c_.pos();
       const uint64_t v = c_.u64(tf + " ne[" + std::to_string(d) + "]");
       if (v == 0 || v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        c_.fail(ne_at, tf + ": ne[" + std::to_string(d) + "] must be in 1..2^63-1, found " + std::to_string(v));
+        c_.fail(ne_at, tf + ": ne[" + std::to_string(d) + "] must be in 1..2^63-1, found " +
+                           std::to_string(v));
       t.ne[d] = static_cast<int64_t>(v);
       ne.push_back(t.ne[d]);
     }
     const uint64_t type_at = c_.pos();
     t.type = c_.u32(tf + " type");
-    if (!type_traits(t.type).name) c_.fail(type_at, tf + ": unknown ggml type id " + std::to_string(t.type));
-    t.nbytes = tensor_nbytes(t.type, ne, r_.name_ + ": offset " + std::to_string(nd_at) + ": " + tf);
+    if (!type_traits(t.type).name)
+      c_.fail(type_at, tf + ": unknown ggml type id " + std::to_string(t.type));
+    t.nbytes =
+        tensor_nbytes(t.type, ne, r_.name_ + ": offset " + std::to_string(nd_at) + ": " + tf);
     offset_at_[static_cast<size_t>(i)] = c_.pos();
     t.offset = c_.u64(tf + " offset");
     if (t.offset % r_.alignment_ != 0)
       c_.fail(c_.pos() - 8, tf + ": data offset " + std::to_string(t.offset) +
-                                " is not a multiple of the alignment " + std::to_string(r_.alignment_));
+                                " is not a multiple of the alignment " +
+                                std::to_string(r_.alignment_));
     return t;
   }
 

@@ -43,15 +43,17 @@ void put_value(std::vector<uint8_t>& out, const Value& v) {
 
 void check_value(const Value& v, const std::string& what, bool in_array) {
   const auto t = static_cast<uint32_t>(v.type);
-  if (t >= kValueTypeCount) throw InputError(what + ": value type id " + std::to_string(t) + " is not a GGUF type");
+  if (t >= kValueTypeCount)
+    throw InputError(what + ": value type id " + std::to_string(t) + " is not a GGUF type");
   if (v.type == ValueType::kArray) {
     if (in_array) throw InputError(what + ": nested arrays are not allowed");
     if (v.elem_type == ValueType::kArray || static_cast<uint32_t>(v.elem_type) >= kValueTypeCount)
       throw InputError(what + ": array element type must be a scalar or string type");
     for (size_t i = 0; i < v.items.size(); ++i) {
       if (v.items[i].type != v.elem_type)
-        throw InputError(what + "[" + std::to_string(i) + "]: element is " + type_name(v.items[i].type) +
-                         ", the array holds " + type_name(v.elem_type));
+        throw InputError(what + "[" + std::to_string(i) + "]: element is " +
+                         type_name(v.items[i].type) + ", the array holds " +
+                         type_name(v.elem_type));
       check_value(v.items[i], what + "[" + std::to_string(i) + "]", true);
     }
     return;
@@ -73,10 +75,11 @@ void Writer::set(const std::string& key, Value v) {
   check_value(v, "gguf writer: key \"" + key + "\"", false);
   if (key == kAlignmentKey) {
     if (v.type != ValueType::kUint32)
-      throw InputError(std::string("gguf writer: ") + kAlignmentKey + " must be uint32, found " + type_name(v.type));
+      throw InputError(std::string("gguf writer: ") + kAlignmentKey + " must be uint32, found " +
+                       type_name(v.type));
     if (v.bits == 0 || (v.bits & (v.bits - 1)) != 0)
-      throw InputError(std::string("gguf writer: ") + kAlignmentKey + " must be a power of two, found " +
-                       std::to_string(v.bits));
+      throw InputError(std::string("gguf writer: ") + kAlignmentKey +
+                       " must be a power of two, found " + std::to_string(v.bits));
   }
   kvs_.push_back(KeyValue{key, std::move(v), 0});
 }

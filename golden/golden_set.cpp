@@ -43,12 +43,14 @@ GoldenManifest read_manifest(const std::string& path) {
       if (m.format != 1) throw InputError(at + ": format: this tool reads 1, found " + v);
       continue;
     }
-    if (kind != "model") throw InputError(at + ": expected \"format\" or \"model\", found \"" + kind + "\"");
+    if (kind != "model")
+      throw InputError(at + ": expected \"format\" or \"model\", found \"" + kind + "\"");
     std::map<std::string, std::string> kv;
     std::string tok;
     while (ls >> tok) {
       const size_t eq = tok.find('=');
-      if (eq == std::string::npos) throw InputError(at + ": expected key=value, found \"" + tok + "\"");
+      if (eq == std::string::npos)
+        throw InputError(at + ": expected key=value, found \"" + tok + "\"");
       kv[tok.substr(0, eq)] = tok.substr(eq + 1);
     }
     auto get = [&](const char* k) {
@@ -66,8 +68,10 @@ GoldenManifest read_manifest(const std::string& path) {
     g.tokens = static_cast<int64_t>(parse_u64(get("tokens"), at + " field tokens"));
     g.input_seed = parse_u64(get("input_seed"), at + " field input_seed");
     g.gguf_sha256 = get("gguf_sha256");
-    if (g.layers <= 0 || g.tokens <= 0) throw InputError(at + ": fields layers and tokens must be positive");
-    if (g.gguf_sha256.size() != 64 || g.gguf_sha256.find_first_not_of("0123456789abcdef") != std::string::npos)
+    if (g.layers <= 0 || g.tokens <= 0)
+      throw InputError(at + ": fields layers and tokens must be positive");
+    if (g.gguf_sha256.size() != 64 ||
+        g.gguf_sha256.find_first_not_of("0123456789abcdef") != std::string::npos)
       throw InputError(at + ": field gguf_sha256: expected 64 lower-case hex digits");
     m.models.push_back(std::move(g));
   }
@@ -80,13 +84,16 @@ void write_manifest(const std::string& path, const GoldenManifest& m) {
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   {
     std::ofstream out(tmp);
-    out << "# moecheck golden set. The models are regenerated from these seeds (gguf_sha256 detects a\n"
-           "# generator change); <name>_ref.h5 and <name>_emu.h5 are their dumps (moecheck run --taps).\n"
+    out << "# moecheck golden set. The models are regenerated from these seeds (gguf_sha256 "
+           "detects a\n"
+           "# generator change); <name>_ref.h5 and <name>_emu.h5 are their dumps (moecheck run "
+           "--taps).\n"
            "# Written by `moecheck golden update`; checked by `moecheck golden verify`.\n";
     out << "format " << m.format << "\n";
     for (const GoldenModel& g : m.models)
-      out << "model name=" << g.name << " preset=" << g.preset << " layers=" << g.layers << " seed=" << g.seed
-          << " tokens=" << g.tokens << " input_seed=" << g.input_seed << " gguf_sha256=" << g.gguf_sha256 << "\n";
+      out << "model name=" << g.name << " preset=" << g.preset << " layers=" << g.layers
+          << " seed=" << g.seed << " tokens=" << g.tokens << " input_seed=" << g.input_seed
+          << " gguf_sha256=" << g.gguf_sha256 << "\n";
     if (!out) {
       std::error_code ec;
       std::filesystem::remove(tmp, ec);
@@ -103,6 +110,8 @@ GoldenManifest default_manifest() {
   return m;
 }
 
-std::string golden_dump_name(const GoldenModel& g, const std::string& impl) { return g.name + "_" + impl + ".h5"; }
+std::string golden_dump_name(const GoldenModel& g, const std::string& impl) {
+  return g.name + "_" + impl + ".h5";
+}
 
 }  // namespace moecheck

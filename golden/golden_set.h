@@ -9,17 +9,16 @@
 #include <string>
 #include <vector>
 
-
 namespace moecheck {
 
 struct GoldenModel {
-  std::string name;        // file stem: <name>.gguf, <name>_ref.h5, <name>_emu.h5
-  std::string preset;      // generator preset
+  std::string name;    // file stem: <name>.gguf, <name>_ref.h5, <name>_emu.h5
+  std::string preset;  // generator preset
   int layers = 1;
-  uint64_t seed = 1;       // generator seed
+  uint64_t seed = 1;  // generator seed
   int64_t tokens = 1;
   uint64_t input_seed = 1;
-  std::string gguf_sha256; // of the regenerated model file
+  std::string gguf_sha256;  // of the regenerated model file
 };
 
 struct GoldenManifest {

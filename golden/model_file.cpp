@@ -30,12 +30,14 @@ const Value* get(const gguf::Reader& r, const char* key, ValueType type, bool re
   const gguf::KeyValue* kv = r.find(key);
   if (!kv) {
     if (required)
-      throw InputError(r.name() + ": metadata key \"" + key + "\" (" + gguf::type_name(type) + ") is missing");
+      throw InputError(r.name() + ": metadata key \"" + key + "\" (" + gguf::type_name(type) +
+                       ") is missing");
     return nullptr;
   }
   if (kv->value.type != type)
-    throw InputError(r.name() + ": metadata key \"" + key + "\" at offset " + std::to_string(kv->file_offset) +
-                     ": expected " + gguf::type_name(type) + ", found " + gguf::describe(kv->value));
+    throw InputError(r.name() + ": metadata key \"" + key + "\" at offset " +
+                     std::to_string(kv->file_offset) + ": expected " + gguf::type_name(type) +
+                     ", found " + gguf::describe(kv->value));
   return &kv->value;
 }
 
@@ -45,7 +47,8 @@ int64_t get_count(const gguf::Reader& r, const char* key) {
 
 Value count_value(int64_t v, const char* key) {
   if (v < 0 || v > std::numeric_limits<uint32_t>::max())
-    throw InputError(std::string("model metadata: ") + key + " = " + std::to_string(v) + " does not fit uint32");
+    throw InputError(std::string("model metadata: ") + key + " = " + std::to_string(v) +
+                     " does not fit uint32");
   return gguf::make_uint32(static_cast<uint32_t>(v));
 }
 
@@ -83,8 +86,10 @@ TensorShape expected_tensor(const MoeConfig& c, LayerTensor t, SharedExpertType 
     case LayerTensor::kUpExps: return {GgmlType::kQ2K, {c.dim, c.inter, c.n_routed}};
     case LayerTensor::kDownExps: return {GgmlType::kQ3K, {c.inter, c.dim, c.n_routed}};
     case LayerTensor::kGateShexp:
-    case LayerTensor::kUpShexp: return {kq ? GgmlType::kQ2K : GgmlType::kBF16, {c.dim, shared_inter}};
-    case LayerTensor::kDownShexp: return {kq ? GgmlType::kQ3K : GgmlType::kBF16, {shared_inter, c.dim}};
+    case LayerTensor::kUpShexp:
+      return {kq ? GgmlType::kQ2K : GgmlType::kBF16, {c.dim, shared_inter}};
+    case LayerTensor::kDownShexp:
+      return {kq ? GgmlType::kQ3K : GgmlType::kBF16, {shared_inter, c.dim}};
   }
   return {};
 }
@@ -119,12 +124,12 @@ ModelFile ModelFile::from_gguf(gguf::Reader reader) {
 
   const Value* arch = get(r, keys::kArchitecture, ValueType::kString, true);
   if (arch->str != kArchitectureName)
-    throw InputError(file + ": metadata key \"" + keys::kArchitecture + "\": expected \"" + kArchitectureName +
-                     "\", found \"" + arch->str + "\"");
+    throw InputError(file + ": metadata key \"" + keys::kArchitecture + "\": expected \"" +
+                     kArchitectureName + "\", found \"" + arch->str + "\"");
   const int64_t blocks = get_count(r, keys::kBlockCount);
   if (blocks < 1 || blocks > std::numeric_limits<int>::max())
-    throw InputError(file + ": metadata key \"" + keys::kBlockCount + "\": expected at least 1 layer, found " +
-                     std::to_string(blocks));
+    throw InputError(file + ": metadata key \"" + keys::kBlockCount +
+                     "\": expected at least 1 layer, found " + std::to_string(blocks));
   m.n_layers_ = static_cast<int>(blocks);
 
   MoeConfig& c = m.config_;
@@ -138,15 +143,16 @@ ModelFile ModelFile::from_gguf(gguf::Reader reader) {
   c.score_func = parse_score_func(get(r, keys::kScoreFunc, ValueType::kString, true)->str,
                                   file + ": metadata key \"" + keys::kScoreFunc + "\"");
   c.swiglu_limit = get(r, keys::kSwigluLimit, ValueType::kFloat32, true)->as_f32();
-  if (const Value* t = get(r, keys::kGateTemp, ValueType::kFloat32, false)) c.gate_temp = t->as_f32();
+  if (const Value* t = get(r, keys::kGateTemp, ValueType::kFloat32, false))
+    c.gate_temp = t->as_f32();
   if (const Value* g = get(r, keys::kGatingFunc, ValueType::kUint32, false)) {
     const uint64_t id = g->as_uint();
     const bool agrees = (id == 1 && c.score_func == ScoreFunc::kSoftmax) ||
                         (id == 2 && c.score_func == ScoreFunc::kSigmoid);
     if (!agrees)
-      throw InputError(file + ": metadata key \"" + keys::kGatingFunc + "\" = " + std::to_string(id) +
-                       " (1 softmax, 2 sigmoid) disagrees with \"" + keys::kScoreFunc + "\" = \"" +
-                       to_string(c.score_func) + "\"");
+      throw InputError(file + ": metadata key \"" + keys::kGatingFunc +
+                       "\" = " + std::to_string(id) + " (1 softmax, 2 sigmoid) disagrees with \"" +
+                       keys::kScoreFunc + "\" = \"" + to_string(c.score_func) + "\"");
   }
   c.validate(file);
 
@@ -154,7 +160,8 @@ ModelFile ModelFile::from_gguf(gguf::Reader reader) {
     GeneratorProvenance p;
     p.seed = get(r, keys::kGenSeed, ValueType::kUint64, true)->as_uint();
     p.preset = get(r, keys::kGenPreset, ValueType::kString, true)->str;
-    p.version = static_cast<uint32_t>(get(r, keys::kGenVersion, ValueType::kUint32, true)->as_uint());
+    p.version =
+        static_cast<uint32_t>(get(r, keys::kGenVersion, ValueType::kUint32, true)->as_uint());
     p.fast_blocks = get(r, keys::kGenFastBlocks, ValueType::kBool, true)->as_bool();
     m.provenance_ = p;
   }
@@ -170,7 +177,9 @@ LayerWeights ModelFile::layer(int L) const {
   auto view = [&](LayerTensor which) -> const uint8_t* {
     const std::string name = tensor_name(L, which);
     const gguf::TensorInfo* t = gguf_.find_tensor(name);
-    if (!t) throw InputError(file + ": layer " + std::to_string(L) + ": tensor \"" + name + "\" is missing");
+    if (!t)
+      throw InputError(file + ": layer " + std::to_string(L) + ": tensor \"" + name +
+                       "\" is missing");
     const std::string where = file + ": tensor \"" + name + "\"";
     TensorShape want = expected_tensor(c, which, SharedExpertType::kBF16);
     if (is_shared(which) && t->type != static_cast<uint32_t>(GgmlType::kBF16)) {
@@ -185,15 +194,16 @@ LayerWeights ModelFile::layer(int L) const {
                        ggml_name(static_cast<uint32_t>(want.type)));
     const std::vector<int64_t> ne(t->ne.begin(), t->ne.begin() + t->n_dims);
     if (ne != want.ne)
-      throw InputError(where + ": ne " + ne_string(ne) + " (ggml order), expected " + ne_string(want.ne) +
-                       " for dim " + std::to_string(c.dim) + ", inter " + std::to_string(c.inter) +
-                       ", n_routed " + std::to_string(c.n_routed));
+      throw InputError(where + ": ne " + ne_string(ne) + " (ggml order), expected " +
+                       ne_string(want.ne) + " for dim " + std::to_string(c.dim) + ", inter " +
+                       std::to_string(c.inter) + ", n_routed " + std::to_string(c.n_routed));
     // Views are read as uint16 / float / block structs, which need 2- or 4-byte alignment.
     const uint8_t* p = gguf_.data(*t);
     const uintptr_t need = want.type == GgmlType::kF32 ? 4 : 2;
     if (reinterpret_cast<uintptr_t>(p) % need != 0)
-      throw InputError(where + ": data at file offset " + std::to_string(gguf_.data_offset() + t->offset) +
-                       " is not " + std::to_string(need) + "-byte aligned (general.alignment " +
+      throw InputError(where + ": data at file offset " +
+                       std::to_string(gguf_.data_offset() + t->offset) + " is not " +
+                       std::to_string(need) + "-byte aligned (general.alignment " +
                        std::to_string(gguf_.alignment()) + ")");
     return p;
   };
@@ -203,9 +213,12 @@ LayerWeights ModelFile::layer(int L) const {
   w.config = c;
   w.router = reinterpret_cast<const uint16_t*>(view(LayerTensor::kRouter));
   w.bias = reinterpret_cast<const float*>(view(LayerTensor::kBias));
-  w.gate_exps = ExpertStackView{GgmlType::kQ2K, c.inter, c.dim, c.n_routed, view(LayerTensor::kGateExps)};
-  w.up_exps = ExpertStackView{GgmlType::kQ2K, c.inter, c.dim, c.n_routed, view(LayerTensor::kUpExps)};
-  w.down_exps = ExpertStackView{GgmlType::kQ3K, c.dim, c.inter, c.n_routed, view(LayerTensor::kDownExps)};
+  w.gate_exps =
+      ExpertStackView{GgmlType::kQ2K, c.inter, c.dim, c.n_routed, view(LayerTensor::kGateExps)};
+  w.up_exps =
+      ExpertStackView{GgmlType::kQ2K, c.inter, c.dim, c.n_routed, view(LayerTensor::kUpExps)};
+  w.down_exps =
+      ExpertStackView{GgmlType::kQ3K, c.dim, c.inter, c.n_routed, view(LayerTensor::kDownExps)};
   auto shared = [&](LayerTensor which, int64_t rows, int64_t cols) {
     const uint8_t* p = view(which);
     const auto type = static_cast<GgmlType>(gguf_.find_tensor(tensor_name(L, which))->type);

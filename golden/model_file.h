@@ -19,24 +19,24 @@ namespace moecheck {
 
 // Metadata keys (types in docs/gguf.md).
 namespace keys {
-inline constexpr const char* kArchitecture = "general.architecture";          // string "deepseek2"
-inline constexpr const char* kQuantVersion = "general.quantization_version";  // uint32 2
-inline constexpr const char* kName = "general.name";                          // string, optional
-inline constexpr const char* kBlockCount = "deepseek2.block_count";           // uint32
-inline constexpr const char* kDim = "deepseek2.embedding_length";             // uint32
-inline constexpr const char* kInter = "deepseek2.expert_feed_forward_length"; // uint32
-inline constexpr const char* kNRouted = "deepseek2.expert_count";             // uint32
-inline constexpr const char* kTopk = "deepseek2.expert_used_count";           // uint32
-inline constexpr const char* kNShared = "deepseek2.expert_shared_count";      // uint32
-inline constexpr const char* kRouteScale = "deepseek2.expert_weights_scale";  // float32
-inline constexpr const char* kNormTopk = "deepseek2.expert_weights_norm";     // bool
-inline constexpr const char* kGatingFunc = "deepseek2.expert_gating_func";    // uint32, optional
-inline constexpr const char* kGateTemp = "moecheck.gate_temp";                // float32, optional (1)
-inline constexpr const char* kScoreFunc = "moecheck.score_func";              // string
-inline constexpr const char* kSwigluLimit = "moecheck.swiglu_limit";          // float32
-inline constexpr const char* kGenSeed = "moecheck.generator.seed";            // uint64
-inline constexpr const char* kGenPreset = "moecheck.generator.preset";        // string
-inline constexpr const char* kGenVersion = "moecheck.generator.version";      // uint32
+inline constexpr const char* kArchitecture = "general.architecture";           // string "deepseek2"
+inline constexpr const char* kQuantVersion = "general.quantization_version";   // uint32 2
+inline constexpr const char* kName = "general.name";                           // string, optional
+inline constexpr const char* kBlockCount = "deepseek2.block_count";            // uint32
+inline constexpr const char* kDim = "deepseek2.embedding_length";              // uint32
+inline constexpr const char* kInter = "deepseek2.expert_feed_forward_length";  // uint32
+inline constexpr const char* kNRouted = "deepseek2.expert_count";              // uint32
+inline constexpr const char* kTopk = "deepseek2.expert_used_count";            // uint32
+inline constexpr const char* kNShared = "deepseek2.expert_shared_count";       // uint32
+inline constexpr const char* kRouteScale = "deepseek2.expert_weights_scale";   // float32
+inline constexpr const char* kNormTopk = "deepseek2.expert_weights_norm";      // bool
+inline constexpr const char* kGatingFunc = "deepseek2.expert_gating_func";     // uint32, optional
+inline constexpr const char* kGateTemp = "moecheck.gate_temp";            // float32, optional (1)
+inline constexpr const char* kScoreFunc = "moecheck.score_func";          // string
+inline constexpr const char* kSwigluLimit = "moecheck.swiglu_limit";      // float32
+inline constexpr const char* kGenSeed = "moecheck.generator.seed";        // uint64
+inline constexpr const char* kGenPreset = "moecheck.generator.preset";    // string
+inline constexpr const char* kGenVersion = "moecheck.generator.version";  // uint32
 inline constexpr const char* kGenFastBlocks = "moecheck.generator.fast_blocks";  // bool
 }  // namespace keys
 
@@ -46,10 +46,20 @@ inline constexpr const char* kArchitectureName = "deepseek2";
 // experts' kernels.
 enum class SharedExpertType { kBF16, kKQuant };
 
-enum class LayerTensor { kRouter, kBias, kGateExps, kUpExps, kDownExps, kGateShexp, kUpShexp, kDownShexp };
+enum class LayerTensor {
+  kRouter,
+  kBias,
+  kGateExps,
+  kUpExps,
+  kDownExps,
+  kGateShexp,
+  kUpShexp,
+  kDownShexp
+};
 inline constexpr std::array<LayerTensor, 8> kLayerTensors = {
-    LayerTensor::kRouter,    LayerTensor::kBias,      LayerTensor::kGateExps, LayerTensor::kUpExps,
-    LayerTensor::kDownExps,  LayerTensor::kGateShexp, LayerTensor::kUpShexp,  LayerTensor::kDownShexp};
+    LayerTensor::kRouter,  LayerTensor::kBias,     LayerTensor::kGateExps,
+    LayerTensor::kUpExps,  LayerTensor::kDownExps, LayerTensor::kGateShexp,
+    LayerTensor::kUpShexp, LayerTensor::kDownShexp};
 
 // "blk.<layer>.ffn_gate_exps.weight" etc.
 std::string tensor_name(int layer, LayerTensor t);

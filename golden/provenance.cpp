@@ -37,7 +37,8 @@ bool tensor_from_code(int32_t code, LayerTensor* out) {
 
 std::string SliceHasher::header() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (header_.empty()) header_ = sha256_hex(m_.gguf().header_bytes(), static_cast<size_t>(m_.gguf().data_offset()));
+  if (header_.empty())
+    header_ = sha256_hex(m_.gguf().header_bytes(), static_cast<size_t>(m_.gguf().data_offset()));
   return header_;
 }
 
@@ -55,7 +56,8 @@ std::string SliceHasher::slice(int layer, LayerTensor t, int32_t expert) {
   if (expert >= 0) {
     const int64_t n_exp = ti->n_dims == 3 ? ti->ne[2] : 0;
     if (!is_stack(t) || expert >= n_exp)
-      throw InputError(m_.path() + ": tensor \"" + name + "\" has no expert " + std::to_string(expert));
+      throw InputError(m_.path() + ": tensor \"" + name + "\" has no expert " +
+                       std::to_string(expert));
     n = ti->nbytes / static_cast<uint64_t>(n_exp);
     p += static_cast<uint64_t>(expert) * n;
   }
@@ -67,8 +69,8 @@ std::string SliceHasher::slice(int layer, LayerTensor t, int32_t expert) {
 
 std::vector<SliceHash> SliceHasher::layer_slices(int layer, const std::vector<int32_t>& experts) {
   std::vector<SliceHash> out;
-  for (LayerTensor t : {LayerTensor::kRouter, LayerTensor::kBias, LayerTensor::kGateShexp, LayerTensor::kUpShexp,
-                        LayerTensor::kDownShexp})
+  for (LayerTensor t : {LayerTensor::kRouter, LayerTensor::kBias, LayerTensor::kGateShexp,
+                        LayerTensor::kUpShexp, LayerTensor::kDownShexp})
     out.push_back({t, -1, slice(layer, t, -1)});
   for (int32_t e : experts)
     for (LayerTensor t : {LayerTensor::kGateExps, LayerTensor::kUpExps, LayerTensor::kDownExps})

@@ -28,7 +28,8 @@ Sha256::~Sha256() {
 }
 
 void Sha256::update(const void* data, size_t n) {
-  if (n > 0 && EVP_DigestUpdate(ctx_->md, data, n) != 1) throw std::runtime_error("OpenSSL: SHA-256 update failed");
+  if (n > 0 && EVP_DigestUpdate(ctx_->md, data, n) != 1)
+    throw std::runtime_error("OpenSSL: SHA-256 update failed");
 }
 
 std::array<uint8_t, 32> Sha256::finish() {
@@ -51,7 +52,9 @@ std::string to_hex(const std::array<uint8_t, 32>& digest) {
 
 bool from_hex(const std::string& hex, std::array<uint8_t, 32>& out) {
   if (hex.size() != 64) return false;
-  auto nib = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+  auto nib = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+  };
   for (size_t i = 0; i < 32; ++i) {
     const int hi = nib(hex[2 * i]), lo = nib(hex[2 * i + 1]);
     if (hi < 0 || lo < 0) return false;

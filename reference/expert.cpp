@@ -22,7 +22,8 @@ T clamp_gate(T g, T lim) {  // torch.clamp(gate, max=L)
 
 }  // namespace
 
-std::vector<float> Expert::forward(const float* x, int64_t n, const float* weights, ExpertTaps* taps) const {
+std::vector<float> Expert::forward(const float* x, int64_t n, const float* weights,
+                                   ExpertTaps* taps) const {
   const int64_t inter = w1_.rows;
   const int64_t dim = w2_.rows;
   const size_t ni = static_cast<size_t>(n * inter);
@@ -85,7 +86,7 @@ std::vector<double> Expert::forward_exact(const double* x, int64_t n, const doub
         g = clamp_gate(g, lim);
       }
       double v = (g / (1.0 + std::exp(-g))) * u;  // silu(gate) * up
-      if (weights) v = weights[t] * v;             // weights * x, not rounded to bf16
+      if (weights) v = weights[t] * v;            // weights * x, not rounded to bf16
       h[i] = v;
     }
   }

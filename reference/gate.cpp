@@ -16,12 +16,15 @@ namespace moecheck::ref {
 namespace {
 
 MatView router_view(const LayerWeights& w) {
-  return MatView{GgmlType::kBF16, w.config.n_routed, w.config.dim, reinterpret_cast<const uint8_t*>(w.router)};
+  return MatView{GgmlType::kBF16, w.config.n_routed, w.config.dim,
+                 reinterpret_cast<const uint8_t*>(w.router)};
 }
 
 // softplus(z) = log(1 + e^z) without torch's threshold (Exact mode computes the function itself);
 // written so that neither branch overflows.
-double softplus_f64(double z) { return z > 0.0 ? z + std::log1p(std::exp(-z)) : std::log1p(std::exp(z)); }
+double softplus_f64(double z) {
+  return z > 0.0 ? z + std::log1p(std::exp(-z)) : std::log1p(std::exp(z));
+}
 
 std::string fmt(double v) {
   char buf[32];
@@ -37,8 +40,8 @@ ExactRouting route_from_logits_exact(const double* logits, int64_t tokens, const
   const int64_t k = c.topk;
   const std::string where = "layer " + std::to_string(layer);
   if (n <= 0 || k <= 0 || k > n)
-    throw InputError(where + ": routing needs 1 <= topk <= n_routed, found topk " + std::to_string(k) +
-                     ", n_routed " + std::to_string(n));
+    throw InputError(where + ": routing needs 1 <= topk <= n_routed, found topk " +
+                     std::to_string(k) + ", n_routed " + std::to_string(n));
   ExactRouting r;
   r.tokens = tokens;
   r.topk = k;
@@ -73,8 +76,8 @@ ExactRouting route_from_logits_exact(const double* logits, int64_t tokens, const
       if (std::isnan(keys[e])) bad = e;
     if (bad >= 0)
       throw InputError(where + " token " + std::to_string(t) + " expert " + std::to_string(bad) +
-                       ": routing key is NaN (logit " + fmt(z[bad]) + ", score " + fmt(s[bad]) + ", bias " +
-                       fmt(bias[bad]) + ")");
+                       ": routing key is NaN (logit " + fmt(z[bad]) + ", score " + fmt(s[bad]) +
+                       ", bias " + fmt(bias[bad]) + ")");
     // .topk(): descending keys, exact ties to the lower id.
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {

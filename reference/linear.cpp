@@ -25,7 +25,8 @@ void linear_impl(const MatView& w, const Scalar* x, int64_t n, Scalar* y) {
   RowMat chunk;
   for (int64_t r0 = 0; r0 < rows; r0 += kRowChunk) {
     const int64_t nr = std::min(kRowChunk, rows - r0);
-    for (int64_t r = 0; r < nr; ++r) dequantize_row(w.type, w.row(r0 + r), deq.data() + r * cols, cols);
+    for (int64_t r = 0; r < nr; ++r)
+      dequantize_row(w.type, w.row(r0 + r), deq.data() + r * cols, cols);
     // The dequantised values are f32; widening them to f64 is exact.
     chunk = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
                 deq.data(), nr, cols)
@@ -40,7 +41,11 @@ void linear_impl(const MatView& w, const Scalar* x, int64_t n, Scalar* y) {
 
 }  // namespace
 
-void linear_f32(const MatView& w, const float* x, int64_t n, float* y) { linear_impl<float>(w, x, n, y); }
-void linear_f64(const MatView& w, const double* x, int64_t n, double* y) { linear_impl<double>(w, x, n, y); }
+void linear_f32(const MatView& w, const float* x, int64_t n, float* y) {
+  linear_impl<float>(w, x, n, y);
+}
+void linear_f64(const MatView& w, const double* x, int64_t n, double* y) {
+  linear_impl<double>(w, x, n, y);
+}
 
 }  // namespace moecheck::ref

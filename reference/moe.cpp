@@ -16,8 +16,9 @@ namespace {
 
 // Per expert, the tokens that picked it (ascending) and their weights: torch.where(indices == i).
 template <typename W>
-void group_by_expert(const std::vector<int32_t>& ids, const std::vector<W>& weights, int64_t T, int64_t k,
-                     int64_t n, std::vector<std::vector<int32_t>>& tok, std::vector<std::vector<W>>& wt) {
+void group_by_expert(const std::vector<int32_t>& ids, const std::vector<W>& weights, int64_t T,
+                     int64_t k, int64_t n, std::vector<std::vector<int32_t>>& tok,
+                     std::vector<std::vector<W>>& wt) {
   tok.assign(static_cast<size_t>(n), {});
   wt.assign(static_cast<size_t>(n), {});
   for (int64_t t = 0; t < T; ++t)
@@ -31,7 +32,8 @@ void group_by_expert(const std::vector<int32_t>& ids, const std::vector<W>& weig
 // The taps of one routed expert (its tokens and their routing weights) and of the shared expert
 // (every token, weight 1), filled the same way by both precision modes.
 template <typename W>
-ExpertTaps* expert_taps(LayerTaps* taps, int64_t e, const std::vector<int32_t>& tokens, const std::vector<W>& w) {
+ExpertTaps* expert_taps(LayerTaps* taps, int64_t e, const std::vector<int32_t>& tokens,
+                        const std::vector<W>& w) {
   if (!taps) return nullptr;
   ExpertTaps* et = &taps->experts.emplace_back();
   et->expert = static_cast<int32_t>(e);
@@ -62,10 +64,13 @@ uint16_t f64_to_bf16(double v) {
   return f32_to_bf16(f);
 }
 
-MoE::MoE(const LayerWeights& w, Precision p) : w_(w), p_(p) { validate_layer_weights(w, "ref::MoE", WeightTypes::kDequantized); }
+MoE::MoE(const LayerWeights& w, Precision p) : w_(w), p_(p) {
+  validate_layer_weights(w, "ref::MoE", WeightTypes::kDequantized);
+}
 
 Expert MoE::routed(int64_t e) const {
-  return Expert(w_.gate_exps.expert(e), w_.up_exps.expert(e), w_.down_exps.expert(e), w_.config.swiglu_limit);
+  return Expert(w_.gate_exps.expert(e), w_.up_exps.expert(e), w_.down_exps.expert(e),
+                w_.config.swiglu_limit);
 }
 
 Expert MoE::shared() const {
@@ -85,14 +90,17 @@ std::vector<uint16_t> MoE::to_bf16(const std::vector<double>& y) const {
 }
 
 std::vector<double> MoE::forward_exact(const uint16_t* x_bf16, int64_t T, LayerTaps* taps) const {
-  if (T < 0) throw InputError("layer " + std::to_string(w_.layer) + ": negative token count " + std::to_string(T));
+  if (T < 0)
+    throw InputError("layer " + std::to_string(w_.layer) + ": negative token count " +
+                     std::to_string(T));
   if (taps) {
     *taps = LayerTaps{};
     taps->layer = w_.layer;
     taps->tokens = T;
     taps->input.assign(x_bf16, x_bf16 + T * w_.config.dim);
   }
-  std::vector<double> y = p_ == Precision::kModel ? forward_model(x_bf16, T, taps) : forward_f64(x_bf16, T, taps);
+  std::vector<double> y =
+      p_ == Precision::kModel ? forward_model(x_bf16, T, taps) : forward_f64(x_bf16, T, taps);
   if (taps) {
     taps->acc.assign(y.begin(), y.end());
     taps->output = to_bf16(y);
@@ -126,11 +134,14 @@ std::vector<double> MoE::forward_model(const uint16_t* x_bf16, int64_t T, LayerT
     const int64_t n = static_cast<int64_t>(idx.size());
     xe.resize(static_cast<size_t>(n * dim));
     for (int64_t i = 0; i < n; ++i)  // x[idx]
-      std::memcpy(xe.data() + i * dim, x.data() + idx[static_cast<size_t>(i)] * dim, sizeof(float) * dim);
+      std::memcpy(xe.data() + i * dim, x.data() + idx[static_cast<size_t>(i)] * dim,
+                  sizeof(float) * dim);
     ExpertTaps* et = expert_taps(taps, e, idx, wt[static_cast<size_t>(e)]);
-    const std::vector<float> out = routed(e).forward(xe.data(), n, wt[static_cast<size_t>(e)].data(), et);
+    const std::vector<float> out =
+        routed(e).forward(xe.data(), n, wt[static_cast<size_t>(e)].data(), et);
     for (int64_t i = 0; i < n; ++i)  // y[idx] += expert(x[idx], weights[idx, top, None]), f32
-      for (int64_t d = 0; d < dim; ++d) y[idx[static_cast<size_t>(i)] * dim + d] += out[i * dim + d];
+      for (int64_t d = 0; d < dim; ++d)
+        y[idx[static_cast<size_t>(i)] * dim + d] += out[i * dim + d];
   }
   // y += self.shared_experts(x)
   ExpertTaps* st = shared_taps(taps, T);
@@ -163,11 +174,14 @@ std::vector<double> MoE::forward_f64(const uint16_t* x_bf16, int64_t T, LayerTap
     const int64_t n = static_cast<int64_t>(idx.size());
     xe.resize(static_cast<size_t>(n * dim));
     for (int64_t i = 0; i < n; ++i)
-      std::memcpy(xe.data() + i * dim, x.data() + idx[static_cast<size_t>(i)] * dim, sizeof(double) * dim);
+      std::memcpy(xe.data() + i * dim, x.data() + idx[static_cast<size_t>(i)] * dim,
+                  sizeof(double) * dim);
     ExpertTaps* et = expert_taps(taps, e, idx, wt[static_cast<size_t>(e)]);
-    const std::vector<double> out = routed(e).forward_exact(xe.data(), n, wt[static_cast<size_t>(e)].data(), et);
+    const std::vector<double> out =
+        routed(e).forward_exact(xe.data(), n, wt[static_cast<size_t>(e)].data(), et);
     for (int64_t i = 0; i < n; ++i)
-      for (int64_t d = 0; d < dim; ++d) y[idx[static_cast<size_t>(i)] * dim + d] += out[i * dim + d];
+      for (int64_t d = 0; d < dim; ++d)
+        y[idx[static_cast<size_t>(i)] * dim + d] += out[i * dim + d];
   }
   ExpertTaps* st = shared_taps(taps, T);
   const std::vector<double> sh = shared().forward_exact(x.data(), T, nullptr, st);

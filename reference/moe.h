@@ -57,7 +57,8 @@ class Expert {
       : w1_(w1), w3_(w3), w2_(w2), limit_(swiglu_limit) {}
   // x: [n, dim] bf16 values as f32; weights: [n] or nullptr (shared expert). Returns [n, dim], each
   // value bf16-representable (model.py Linear's bf16 output). Fills taps' gate/up/h/down if asked.
-  std::vector<float> forward(const float* x, int64_t n, const float* weights, ExpertTaps* taps) const;
+  std::vector<float> forward(const float* x, int64_t n, const float* weights,
+                             ExpertTaps* taps) const;
   // The same formula in f64, no rounding; taps get the values rounded to f32.
   std::vector<double> forward_exact(const double* x, int64_t n, const double* weights,
                                     ExpertTaps* taps) const;
@@ -76,7 +77,8 @@ class MoE {
   // x [T, dim] bf16 -> y [T, dim] bf16. kExact rounds the exact result to bf16 once.
   std::vector<uint16_t> forward(const uint16_t* x_bf16, int64_t T, LayerTaps* taps = nullptr) const;
   // The result before `type_as(x)`: kExact the unrounded f64 sum; kModel the f32 accumulator.
-  std::vector<double> forward_exact(const uint16_t* x_bf16, int64_t T, LayerTaps* taps = nullptr) const;
+  std::vector<double> forward_exact(const uint16_t* x_bf16, int64_t T,
+                                    LayerTaps* taps = nullptr) const;
 
  private:
   std::vector<double> forward_model(const uint16_t* x_bf16, int64_t T, LayerTaps* taps) const;

@@ -1,8 +1,9 @@
 // Block formats (emulate/blocks.h) and the row dequantisers (emulate/quantize.h) against
-// hand-built blocks: every byte is written at the offset ggml's src/ggml-common.h (d99724f2) and docs/blocks.md give,
-// one field or bit at a time, and the expected element values are computed here from the
-// layout tables (in double, from the f16 definition), never by calling a decoder under test.
-// Then dequantize_row must agree bit for bit with the per-element decoders on random blocks.
+// hand-built blocks: every byte is written at the offset ggml's src/ggml-common.h (d99724f2) and
+// docs/blocks.md give, one field or bit at a time, and the expected element values are computed
+// here from the layout tables (in double, from the f16 definition), never by calling a decoder
+// under test. Then dequantize_row must agree bit for bit with the per-element decoders on random
+// blocks.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
@@ -304,8 +305,8 @@ TEST(Blocks, Q3K_SuperScaleD) {
     const BlockQ3K b = r.block();
     for (int e = 0; e < 256; ++e) {
       const double want = f16_value(d) * (code_of[(e / 16) % 3] - 32) * (e % 8 - 4);
-      ASSERT_TRUE(same_value(q3k_dequant(b, e), want)) << std::hex << "d 0x" << d << std::dec
-                                                       << " e " << e;
+      ASSERT_TRUE(same_value(q3k_dequant(b, e), want))
+          << std::hex << "d 0x" << d << std::dec << " e " << e;
     }
   }
 }
@@ -316,7 +317,8 @@ RC_GTEST_PROP(Blocks, DequantizeRowMatchesElementDecoders, ()) {
   const int nb = *rc::gen::inRange(1, 4);
   const int offset = *rc::gen::inRange(0, 4);
   const auto q2 = *rc::gen::container<std::vector<uint8_t>>(84 * nb, rc::gen::arbitrary<uint8_t>());
-  const auto q3 = *rc::gen::container<std::vector<uint8_t>>(110 * nb, rc::gen::arbitrary<uint8_t>());
+  const auto q3 =
+      *rc::gen::container<std::vector<uint8_t>>(110 * nb, rc::gen::arbitrary<uint8_t>());
   const int64_t k = 256 * nb;
   std::vector<uint8_t> buf(offset + 110 * nb);
   std::vector<float> row(k), typed(k);

@@ -43,12 +43,13 @@ class Cli : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("moecheck_cli_test_" + std::to_string(::getpid()));
     fs::create_directories(dir_);
-    ASSERT_TRUE(fs::exists(kBinary)) << kBinary << " is not built (the cli_test target depends on moecheck)";
+    ASSERT_TRUE(fs::exists(kBinary))
+        << kBinary << " is not built (the cli_test target depends on moecheck)";
     Result g = run("gen --preset tiny --layers 2 --seed 1 -o " + p("tiny.gguf"));
     ASSERT_EQ(g.code, 0) << g.cmd << "\n" << g.err;
     for (const char* impl : {"ref", "emu"}) {
-      Result r = run(std::string("run --impl ") + impl + " --model " + p("tiny.gguf") + " --tokens 8 --taps -o " +
-                     p(std::string(impl) + ".h5"));
+      Result r = run(std::string("run --impl ") + impl + " --model " + p("tiny.gguf") +
+                     " --tokens 8 --taps -o " + p(std::string(impl) + ".h5"));
       ASSERT_EQ(r.code, 0) << r.cmd << "\n" << r.err;
     }
   }
@@ -71,12 +72,18 @@ class Cli : public ::testing::Test {
 };
 fs::path Cli::dir_;
 
-#define EXPECT_CODE(res, want) EXPECT_EQ((res).code, want) << "repro: " << (res).cmd << "\nstdout:\n" << (res).out << "\nstderr:\n" << (res).err
-#define EXPECT_HAS(text, needle) EXPECT_NE((text).find(needle), std::string::npos) << "missing \"" << (needle) << "\" in:\n" << (text)
+#define EXPECT_CODE(res, want)                                           \
+  EXPECT_EQ((res).code, want) << "repro: " << (res).cmd << "\nstdout:\n" \
+                              << (res).out << "\nstderr:\n"              \
+                              << (res).err
+#define EXPECT_HAS(text, needle)                                                              \
+  EXPECT_NE((text).find(needle), std::string::npos) << "missing \"" << (needle) << "\" in:\n" \
+                                                    << (text)
 
 // Flips bit `bit` of element [row, col] of a 2-d dataset of 16-bit (bf16) or 32-bit (f32)
 // elements in place, through the HDF5 API (the file stays a valid dump).
-void flip_bit(const std::string& file, const std::string& dataset, hsize_t row, hsize_t col, int bit) {
+void flip_bit(const std::string& file, const std::string& dataset, hsize_t row, hsize_t col,
+              int bit) {
   hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   ASSERT_GE(f, 0) << file;
   hid_t d = H5Dopen2(f, dataset.c_str(), H5P_DEFAULT);
@@ -89,8 +96,10 @@ void flip_bit(const std::string& file, const std::string& dataset, hsize_t row, 
   const hid_t mem = H5Tget_size(t) == 2 ? H5T_NATIVE_UINT16 : H5T_NATIVE_UINT32;
   std::vector<uint32_t> buf(dims[0] * dims[1]);
   std::vector<uint16_t> b16(buf.size());
-  void* data = mem == H5T_NATIVE_UINT16 ? static_cast<void*>(b16.data()) : static_cast<void*>(buf.data());
-  hid_t mt = mem == H5T_NATIVE_UINT16 ? H5Tcopy(H5T_STD_U16LE) : H5Tcopy(t);  // f32: read as its own type
+  void* data =
+      mem == H5T_NATIVE_UINT16 ? static_cast<void*>(b16.data()) : static_cast<void*>(buf.data());
+  hid_t mt =
+      mem == H5T_NATIVE_UINT16 ? H5Tcopy(H5T_STD_U16LE) : H5Tcopy(t);  // f32: read as its own type
   ASSERT_GE(H5Dread(d, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), 0);
   if (mem == H5T_NATIVE_UINT16) b16[row * dims[1] + col] ^= static_cast<uint16_t>(1u << bit);
   else buf[row * dims[1] + col] ^= 1u << bit;
@@ -117,14 +126,16 @@ TEST_F(Cli, HelpAndUsageErrors) {
 
 TEST_F(Cli, GenRunDiffCheck_tiny_L2_T8) {
   // Two runs of one implementation are bit-identical (run vs run: bitwise).
-  Result again = run("run --impl emu --model " + p("tiny.gguf") + " --tokens 8 --taps -o " + p("emu2.h5"));
+  Result again =
+      run("run --impl emu --model " + p("tiny.gguf") + " --tokens 8 --taps -o " + p("emu2.h5"));
   EXPECT_CODE(again, 0);
   EXPECT_CODE(run("diff " + p("emu.h5") + " " + p("emu2.h5")), 0);
   // ref ~ emu is not bit-exact, but within an NMSE of 1e-3 on every stage (docs/cli.md "check").
   Result exact = run("diff " + p("ref.h5") + " " + p("emu.h5") + " --exact");
   EXPECT_CODE(exact, 1);
   EXPECT_HAS(exact.out, "result: DIFFERS");
-  Result nmse = run("diff " + p("ref.h5") + " " + p("emu.h5") + " --nmse 1e-3 --model " + p("tiny.gguf"));
+  Result nmse =
+      run("diff " + p("ref.h5") + " " + p("emu.h5") + " --nmse 1e-3 --model " + p("tiny.gguf"));
   EXPECT_CODE(nmse, 0);
   EXPECT_HAS(nmse.out, "result: same");
   Result js = run("diff " + p("ref.h5") + " " + p("emu.h5") + " --nmse 1e-3 --json");
@@ -142,7 +153,8 @@ TEST_F(Cli, GenRunDiffCheck_tiny_L2_T8) {
   EXPECT_HAS(c.out, "output L2 norm");
   EXPECT_HAS(c.out, "result: PASS");
   // Inputs from a dump: the same inputs, so the input stage is bit-identical.
-  Result from = run("run --impl emu --model " + p("tiny.gguf") + " --input " + p("ref.h5") + " -o " + p("emu_in.h5"));
+  Result from = run("run --impl emu --model " + p("tiny.gguf") + " --input " + p("ref.h5") +
+                    " -o " + p("emu_in.h5"));
   EXPECT_CODE(from, 0);
   Result same_in = run("diff " + p("emu.h5") + " " + p("emu_in.h5"));
   EXPECT_CODE(same_in, 0);
@@ -184,11 +196,13 @@ TEST_F(Cli, OneFlippedBitIsFoundAndLocated_tiny_layer1_token3_col17) {
 
 TEST_F(Cli, IncomparableDumpsAreRefused) {
   ASSERT_EQ(run("gen --preset tiny --layers 2 --seed 2 -o " + p("tiny2.gguf")).code, 0);
-  ASSERT_EQ(run("run --impl emu --model " + p("tiny2.gguf") + " -o " + p("other_model.h5")).code, 0);
+  ASSERT_EQ(run("run --impl emu --model " + p("tiny2.gguf") + " -o " + p("other_model.h5")).code,
+            0);
   Result m = run("diff " + p("emu.h5") + " " + p("other_model.h5"));
   EXPECT_CODE(m, 2);
   EXPECT_HAS(m.err, "different weights: blk.0.ffn_gate_inp.weight has sha256");
-  ASSERT_EQ(run("run --impl emu --model " + p("tiny.gguf") + " --tokens 4 -o " + p("t4.h5")).code, 0);
+  ASSERT_EQ(run("run --impl emu --model " + p("tiny.gguf") + " --tokens 4 -o " + p("t4.h5")).code,
+            0);
   Result t = run("diff " + p("emu.h5") + " " + p("t4.h5"));
   EXPECT_CODE(t, 2);
   EXPECT_HAS(t.err, "different token counts (attribute tokens): 8 vs 4");
@@ -234,7 +248,8 @@ TEST_F(Cli, MissingTruncatedAndMalformedFilesExit2AndLeaveNoOutput) {
   Result d = run("diff " + p("emu.h5") + " " + p("half.h5"));
   EXPECT_CODE(d, 2);
   EXPECT_HAS(d.err, "half.h5");
-  Result i = run("run --impl emu --model " + p("tiny.gguf") + " --input " + p("half.h5") + " -o " + p("o4.h5"));
+  Result i = run("run --impl emu --model " + p("tiny.gguf") + " --input " + p("half.h5") + " -o " +
+                 p("o4.h5"));
   EXPECT_CODE(i, 2);
   EXPECT_FALSE(fs::exists(p("o4.h5")));
 
@@ -297,14 +312,19 @@ TEST_F(Cli, ProvenanceIsPerSliceAndTheWholeFileOnlyWhenAsked) {
                         sha256_hex(m.gguf().data(*router), router->nbytes));
   const gguf::TensorInfo* gate = m.gguf().find_tensor("blk.0.ffn_gate_exps.weight");
   const Dump d = read_dump(p("emu.h5"));
-  const SliceHash& first_expert = d.slices[0][5];  // router, bias, 3 shared, then the first expert's gate
+  const SliceHash& first_expert =
+      d.slices[0][5];  // router, bias, 3 shared, then the first expert's gate
   ASSERT_EQ(first_expert.tensor, LayerTensor::kGateExps);
   const uint64_t stride = gate->nbytes / 16;
   EXPECT_EQ(first_expert.sha256,
-            sha256_hex(m.gguf().data(*gate) + stride * static_cast<uint64_t>(first_expert.expert), stride));
+            sha256_hex(m.gguf().data(*gate) + stride * static_cast<uint64_t>(first_expert.expert),
+                       stride));
 
-  ASSERT_EQ(run("gen --preset tiny --layers 2 --seed 1 --alignment 64 -o " + p("a64.gguf")).code, 0);
-  ASSERT_EQ(run("run --impl emu --model " + p("a64.gguf") + " --tokens 8 --taps -o " + p("a64.h5")).code, 0);
+  ASSERT_EQ(run("gen --preset tiny --layers 2 --seed 1 --alignment 64 -o " + p("a64.gguf")).code,
+            0);
+  ASSERT_EQ(
+      run("run --impl emu --model " + p("a64.gguf") + " --tokens 8 --taps -o " + p("a64.h5")).code,
+      0);
   Result df = run("diff " + p("emu.h5") + " " + p("a64.h5"));
   EXPECT_CODE(df, 0);
   EXPECT_HAS(df.out, "same tensors:");

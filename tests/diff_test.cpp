@@ -7,9 +7,9 @@
 #include <cmath>
 #include <limits>
 
-#include "dump_test_util.h"
-#include "core/error.h"
 #include "compare/dump_diff.h"
+#include "core/error.h"
+#include "dump_test_util.h"
 
 namespace moecheck {
 namespace {
@@ -102,8 +102,10 @@ TEST(DumpDiff, ExpertDownMismatchNamesExpertTokenAndWeightRow_T4_E8_K2_dim256) {
   EXPECT_EQ(s.first[0].expert, e.expert);
   EXPECT_EQ(s.first[0].token, e.tokens[row]);
   EXPECT_EQ(s.first[0].index, col);
-  EXPECT_NE(s.first[0].where.find("weight row 100 of ffn_down_exps[" + std::to_string(e.expert) + "] (Q3_K blocks 0..0)"),
-            std::string::npos) << s.first[0].where;
+  EXPECT_NE(s.first[0].where.find("weight row 100 of ffn_down_exps[" + std::to_string(e.expert) +
+                                  "] (Q3_K blocks 0..0)"),
+            std::string::npos)
+      << s.first[0].where;
   // Later stages are still measured: the output is untouched in this synthetic dump.
   EXPECT_TRUE(stage(l, Stage::kOutput).pass);
 }
@@ -121,12 +123,14 @@ TEST(DumpDiff, InputDimensionElementsNameQ8BlockSuperBlockAndSubBlock_T2_E8_K2_i
   const LayerDiff& l = r.layers[0];
   const StageDiff& h = stage(l, Stage::kExpertsH);
   ASSERT_EQ(h.first.size(), 1u);
-  EXPECT_NE(h.first[0].where.find("h element 300: q8_1 block 9, super-block 1 sub-block 2"), std::string::npos)
+  EXPECT_NE(h.first[0].where.find("h element 300: q8_1 block 9, super-block 1 sub-block 2"),
+            std::string::npos)
       << h.first[0].where;
   const StageDiff& q = stage(l, Stage::kExpertsHQ8);
   ASSERT_EQ(q.first.size(), 1u);
   EXPECT_EQ(q.first[0].index, 9);
-  EXPECT_NE(q.first[0].where.find("q8_1 block 9 (elements 288..319), super-block 1 sub-blocks 2-3"), std::string::npos)
+  EXPECT_NE(q.first[0].where.find("q8_1 block 9 (elements 288..319), super-block 1 sub-blocks 2-3"),
+            std::string::npos)
       << q.first[0].where;
   EXPECT_NE(q.first[0].where.find("byte 7 (qs[3])"), std::string::npos) << q.first[0].where;
   EXPECT_EQ(l.first_failing, Stage::kExpertsH);
@@ -195,7 +199,8 @@ TEST(DumpDiff, RoutingFlipCountedWithMarginsAndItsTokenLeftOut_T3_E8_K2_dim256) 
   const DiffReport k = diff_dumps(a, b, o);
   const double want = std::sqrt(std::log1p(std::exp(1.0))) - std::sqrt(std::log1p(std::exp(-10.0)));
   EXPECT_EQ(k.layers[0].routing.margin_kind, "key (score + bias)");
-  EXPECT_NEAR(k.layers[0].routing.flip_list[0].margin_a, want, 1e-6);  // f32 scores: ~2^-23 relative
+  EXPECT_NEAR(k.layers[0].routing.flip_list[0].margin_a, want,
+              1e-6);  // f32 scores: ~2^-23 relative
 }
 
 TEST(DumpDiff, FlipsWithinTheLogitDifferenceAreExplained_T3_E8_K2_dim256) {
@@ -297,17 +302,20 @@ TEST(DumpDiff, SliceProvenanceDecidesComparability) {
     diff_dumps(a, b, DiffOptions{});
     ADD_FAILURE() << "expected InputError";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("different weights: blk.0.ffn_gate_exps.weight[expert 3] has sha256 " + h2 +
-                                         " in A, " + h3 + " in B"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "different weights: blk.0.ffn_gate_exps.weight[expert 3] has sha256 " + h2 +
+                  " in A, " + h3 + " in B"),
               std::string::npos)
         << e.what();
   }
-  // One side records only the whole file's digest (a version 1 dump): compared, reported unverified.
+  // One side records only the whole file's digest (a version 1 dump): compared, reported
+  // unverified.
   Dump v1 = make_dump(small_config(), 2, {0}, 1, false);
   v1.meta.model_sha256 = std::string(64, 'f');
   const DiffReport u = diff_dumps(v1, a, DiffOptions{});
   EXPECT_EQ(u.model.kind, "unverified");
-  EXPECT_NE(u.model.note.find("A records the whole-file digest only, B slice digests"), std::string::npos)
+  EXPECT_NE(u.model.note.find("A records the whole-file digest only, B slice digests"),
+            std::string::npos)
       << u.model.note;
   // Equal whole-file digests settle it whatever else is recorded.
   Dump c = a, d = b;

@@ -11,8 +11,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "dump_test_util.h"
 #include "core/error.h"
+#include "dump_test_util.h"
 #include "golden/dump.h"
 
 namespace moecheck {
@@ -92,7 +92,8 @@ void expect_same_dump(const Dump& a, const Dump& b) {
     expect_same(s.x_q8, t.x_q8, w + " x_q8");
     expect_same(s.acc, t.acc, w + " acc");
     ASSERT_EQ(s.experts.size(), t.experts.size()) << w;
-    for (size_t e = 0; e < s.experts.size(); ++e) expect_same_expert(s.experts[e], t.experts[e], w + " expert");
+    for (size_t e = 0; e < s.experts.size(); ++e)
+      expect_same_expert(s.experts[e], t.experts[e], w + " expert");
     expect_same_expert(s.shared, t.shared, w + " shared");
   }
   ASSERT_EQ(a.slices.size(), b.slices.size());
@@ -108,17 +109,19 @@ void expect_same_dump(const Dump& a, const Dump& b) {
 TEST_F(DumpTest, RoundTripIsIdentity_T3_E8_K2_dim256_taps) {
   Dump d = make_dump(small_config(), 3, {0, 2, 5}, 11, true);
   // Special values must survive bit for bit: NaN payloads, -0, Inf, subnormals.
-  d.layers[0].output[0] = 0x7FC1;  // bf16 NaN with payload
-  d.layers[0].output[1] = 0x8000;  // -0
+  d.layers[0].output[0] = 0x7FC1;                        // bf16 NaN with payload
+  d.layers[0].output[1] = 0x8000;                        // -0
   d.layers[0].router_logits[3] = bits_f32(0x7FA00001u);  // signalling-pattern NaN payload
-  d.layers[0].acc[5] = bits_f32(0x00000001u);  // smallest subnormal
+  d.layers[0].acc[5] = bits_f32(0x00000001u);            // smallest subnormal
   d.layers[1].experts[0].down[7] = -std::numeric_limits<float>::infinity();
   d.meta.knobs.emplace_back("shared_side_stream", "on");
   // Provenance: per layer the tensors and expert slices read, with their digests.
   d.meta.model_header_sha256 = std::string(64, '7');
   d.slices.resize(d.layers.size());
-  d.slices[0] = {{LayerTensor::kRouter, -1, std::string(64, 'a')}, {LayerTensor::kDownExps, 7, std::string(64, 'b')}};
-  d.slices[2] = {{LayerTensor::kBias, -1, "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}};
+  d.slices[0] = {{LayerTensor::kRouter, -1, std::string(64, 'a')},
+                 {LayerTensor::kDownExps, 7, std::string(64, 'b')}};
+  d.slices[2] = {
+      {LayerTensor::kBias, -1, "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}};
   write_dump(path("a.h5"), d);
   const Dump r = read_dump(path("a.h5"));
   expect_same_dump(d, r);
@@ -149,7 +152,8 @@ TEST_F(DumpTest, WrongStageSizeIsInputErrorAndNoFile) {
     write_dump(path("c.h5"), d);
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("/layers/0/experts/0/down"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("/layers/0/experts/0/down"), std::string::npos)
+        << e.what();
   }
   EXPECT_FALSE(fs::exists(path("c.h5")));
   EXPECT_TRUE(fs::is_empty(dir_)) << "a temporary file was left behind";
@@ -194,7 +198,8 @@ TEST_F(DumpTest, ReaderNamesMissingDatasetAttributeAndWrongType) {
     ASSERT_GE(H5Ldelete(f, "/layers/0/topk_ids", H5P_DEFAULT), 0);
     hsize_t dims[2] = {2, 2};
     hid_t sp = H5Screate_simple(2, dims, nullptr);
-    hid_t ds = H5Dcreate2(f, "/layers/0/topk_ids", H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t ds = H5Dcreate2(f, "/layers/0/topk_ids", H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT,
+                          H5P_DEFAULT);
     const float v[4] = {0, 1, 1, 2};
     H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
     H5Dclose(ds);
@@ -250,7 +255,9 @@ RC_GTEST_PROP(DumpProperty, RoundTripAnyShape, ()) {
   const bool taps = *rc::gen::arbitrary<bool>();
   const uint64_t seed = *rc::gen::arbitrary<uint32_t>();
   const Dump d = make_dump(small_config(n_routed, topk), T, {0, 3}, seed, taps);
-  const std::string p = (fs::temp_directory_path() / ("moecheck_dump_prop_" + std::to_string(::getpid()) + ".h5")).string();
+  const std::string p =
+      (fs::temp_directory_path() / ("moecheck_dump_prop_" + std::to_string(::getpid()) + ".h5"))
+          .string();
   write_dump(p, d);
   const Dump r = read_dump(p);
   fs::remove(p);

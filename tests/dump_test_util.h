@@ -24,7 +24,10 @@ class TestRng {
     return z ^ (z >> 31);
   }
   // Uniform in [-1, 1) with 24 bits: exact in f32.
-  float value() { return static_cast<float>(static_cast<int32_t>(next() >> 40) - (1 << 23)) / static_cast<float>(1 << 23); }
+  float value() {
+    return static_cast<float>(static_cast<int32_t>(next() >> 40) - (1 << 23)) /
+           static_cast<float>(1 << 23);
+  }
 
  private:
   uint64_t s_;
@@ -41,7 +44,8 @@ inline MoeConfig small_config(int64_t n_routed = 8, int64_t topk = 2) {
   return c;
 }
 
-inline ExpertTaps make_expert(const MoeConfig& c, int32_t id, std::vector<int32_t> tokens, TestRng& r, bool q8) {
+inline ExpertTaps make_expert(const MoeConfig& c, int32_t id, std::vector<int32_t> tokens,
+                              TestRng& r, bool q8) {
   ExpertTaps e;
   e.expert = id;
   e.tokens = std::move(tokens);
@@ -68,8 +72,8 @@ inline ExpertTaps make_expert(const MoeConfig& c, int32_t id, std::vector<int32_
 
 // A dump whose routing picks experts (t + j) % n_routed for token t (distinct, j < topk), with
 // router logits that make those the top-k in that order (margin 1 between ranks).
-inline Dump make_dump(const MoeConfig& c, int64_t T, std::vector<int32_t> layers, uint64_t seed, bool taps,
-                      const std::string& impl = "emu") {
+inline Dump make_dump(const MoeConfig& c, int64_t T, std::vector<int32_t> layers, uint64_t seed,
+                      bool taps, const std::string& impl = "emu") {
   Dump d;
   d.path = impl + "_synthetic";
   DumpMeta& m = d.meta;

@@ -18,7 +18,8 @@ namespace moecheck {
 namespace {
 
 // A routing of T tokens over `ids` (picks in the given order) with random weights.
-Routing routing_of(const std::vector<int32_t>& ids, const std::vector<float>& w, int64_t T, int64_t K) {
+Routing routing_of(const std::vector<int32_t>& ids, const std::vector<float>& w, int64_t T,
+                   int64_t K) {
   Routing r;
   r.tokens = T;
   r.topk = K;
@@ -47,11 +48,13 @@ TEST(EmuAccumulate, AscendingExpertChainOrderFreeBoundAndFinish_T3_topk4_dim64) 
   const std::vector<float> down = gen.f32(p.pairs() * dim, 3.0);  // by pair row
   std::vector<float> acc(static_cast<size_t>(T * dim));
   std::vector<uint16_t> y(acc.size());
-  emu::accumulate(p.acc_rows.data(), p.acc_weights.data(), K, down.data(), sh.data(), acc.data(), y.data(), T, dim);
+  emu::accumulate(p.acc_rows.data(), p.acc_weights.data(), K, down.data(), sh.data(), acc.data(),
+                  y.data(), T, dim);
   for (int64_t t = 0; t < T; ++t) {
     // The chain replayed: picks of token t sorted by expert id, fma from +0, then the shared term.
     std::vector<int64_t> order = {0, 1, 2, 3};
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ids[t * K + a] < ids[t * K + b]; });
+    std::sort(order.begin(), order.end(),
+              [&](int64_t a, int64_t b) { return ids[t * K + a] < ids[t * K + b]; });
     for (int64_t i = 0; i < dim; ++i) {
       float a = 0.0f;
       double exact = sh[t * dim + i], mag = std::fabs(sh[t * dim + i]);
@@ -65,7 +68,8 @@ TEST(EmuAccumulate, AscendingExpertChainOrderFreeBoundAndFinish_T3_topk4_dim64) 
       }
       a = a + sh[t * dim + i];
       ASSERT_EQ(f32_bits(acc[t * dim + i]), f32_bits(a)) << "t " << t << " i " << i;
-      ASSERT_LE(std::fabs(acc[t * dim + i] - exact), emutest::gamma(K + 1) * mag) << "t " << t << " i " << i;
+      ASSERT_LE(std::fabs(acc[t * dim + i] - exact), emutest::gamma(K + 1) * mag)
+          << "t " << t << " i " << i;
       ASSERT_EQ(y[t * dim + i], f32_to_bf16(acc[t * dim + i]));
     }
   }
@@ -79,7 +83,8 @@ TEST(EmuAccumulate, AscendingExpertChainOrderFreeBoundAndFinish_T3_topk4_dim64) 
     }
   const LayerPlan p2 = build_layer_plan(routing_of(ids2, w2, T, K), E);
   std::vector<float> acc2(acc.size());
-  emu::accumulate(p2.acc_rows.data(), p2.acc_weights.data(), K, down.data(), sh.data(), acc2.data(), nullptr, T, dim);
+  emu::accumulate(p2.acc_rows.data(), p2.acc_weights.data(), K, down.data(), sh.data(), acc2.data(),
+                  nullptr, T, dim);
   ASSERT_EQ(std::memcmp(acc.data(), acc2.data(), acc.size() * 4), 0);
   // finish on its own equals the fused rounding.
   std::vector<uint16_t> y2(acc.size());
@@ -98,9 +103,12 @@ TEST(EmuAccumulate, NoSharedTermAndBadShapes) {
     ASSERT_EQ(f32_bits(acc[i]), f32_bits(std::fma(0.5f, down[dim + i], 0.0f)));
     ASSERT_EQ(f32_bits(acc[dim + i]), f32_bits(std::fma(-2.0f, down[i], 0.0f)));
   }
-  EXPECT_THROW(emu::accumulate(rows.data(), w.data(), K, down.data(), nullptr, acc.data(), nullptr, -1, dim),
-               InputError);
-  EXPECT_THROW(emu::accumulate(rows.data(), w.data(), K, down.data(), nullptr, acc.data(), nullptr, T, 0), InputError);
+  EXPECT_THROW(
+      emu::accumulate(rows.data(), w.data(), K, down.data(), nullptr, acc.data(), nullptr, -1, dim),
+      InputError);
+  EXPECT_THROW(
+      emu::accumulate(rows.data(), w.data(), K, down.data(), nullptr, acc.data(), nullptr, T, 0),
+      InputError);
 }
 
 }  // namespace

@@ -23,7 +23,8 @@ TEST(EmuBf16Gemv, PlainScheduleBoundAndPair_rows37_K2304_T5) {
   std::vector<float> y(static_cast<size_t>(T * rows)), plain(y.size()), p0(y.size()), p1(y.size());
   emu::bf16_gemv(w0.data(), x.data(), y.data(), rows, K, T);
   emu::router_gemv(RouterVariant::kPlain, w0.data(), x.data(), plain.data(), rows, K, T);
-  ASSERT_EQ(std::memcmp(y.data(), plain.data(), y.size() * 4), 0) << "not the router's plain schedule";
+  ASSERT_EQ(std::memcmp(y.data(), plain.data(), y.size() * 4), 0)
+      << "not the router's plain schedule";
   emu::bf16_gemv_pair(w0.data(), w1.data(), x.data(), p0.data(), p1.data(), rows, K, T);
   ASSERT_EQ(std::memcmp(p0.data(), y.data(), y.size() * 4), 0) << "pair's first output";
   std::vector<float> y1(y.size());
@@ -41,11 +42,13 @@ TEST(EmuBf16Gemv, PlainScheduleBoundAndPair_rows37_K2304_T5) {
     for (int64_t r = 0; r < rows; ++r) {
       double exact = 0, mag = 0;
       for (int64_t k = 0; k < K; ++k) {
-        const double p = static_cast<double>(bf16_to_f32(w0[r * K + k])) * bf16_to_f32(x[t * K + k]);
+        const double p =
+            static_cast<double>(bf16_to_f32(w0[r * K + k])) * bf16_to_f32(x[t * K + k]);
         exact += p;
         mag += std::fabs(p);
       }
-      ASSERT_LE(std::fabs(y[t * rows + r] - exact), emutest::gamma(D) * mag) << "token " << t << " row " << r;
+      ASSERT_LE(std::fabs(y[t * rows + r] - exact), emutest::gamma(D) * mag)
+          << "token " << t << " row " << r;
     }
 }
 

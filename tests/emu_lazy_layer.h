@@ -39,9 +39,12 @@ class LazyLayer {
     w_.gate_exps = ExpertStackView{GgmlType::kQ2K, c.inter, c.dim, c.n_routed, stacks_[0].get()};
     w_.up_exps = ExpertStackView{GgmlType::kQ2K, c.inter, c.dim, c.n_routed, stacks_[1].get()};
     w_.down_exps = ExpertStackView{GgmlType::kQ3K, c.dim, c.inter, c.n_routed, stacks_[2].get()};
-    w_.shared_gate = MatView{kq ? GgmlType::kQ2K : GgmlType::kBF16, c.inter, c.dim, shared_[0].data()};
-    w_.shared_up = MatView{kq ? GgmlType::kQ2K : GgmlType::kBF16, c.inter, c.dim, shared_[1].data()};
-    w_.shared_down = MatView{kq ? GgmlType::kQ3K : GgmlType::kBF16, c.dim, c.inter, shared_[2].data()};
+    w_.shared_gate =
+        MatView{kq ? GgmlType::kQ2K : GgmlType::kBF16, c.inter, c.dim, shared_[0].data()};
+    w_.shared_up =
+        MatView{kq ? GgmlType::kQ2K : GgmlType::kBF16, c.inter, c.dim, shared_[1].data()};
+    w_.shared_down =
+        MatView{kq ? GgmlType::kQ3K : GgmlType::kBF16, c.dim, c.inter, shared_[2].data()};
   }
 
   // Generates the blocks of these experts (once each) into the stacks.

@@ -57,12 +57,13 @@ TEST_P(EmuMmvq, EqualsContractReplayAndBound) {
   for (int64_t t = 0; t < c.T; ++t) {
     for (int64_t r = 0; r < c.rows; ++r) {
       const float got = d.y[t * c.rows + r];
-      const float want = emutest::mmvq_replay(c.t, d.w.data() + r * rb, d.a.data() + t * units, c.K);
+      const float want =
+          emutest::mmvq_replay(c.t, d.w.data() + r * rb, d.a.data() + t * units, c.K);
       ASSERT_EQ(f32_bits(got), f32_bits(want))
-          << c.name() << " row " << r << " token " << t << ": " << emutest::hex(got) << " vs replay "
-          << emutest::hex(want);
-      const emutest::Bounded e = emutest::mmvq_exact_bound(c.t, d.w.data() + r * rb, d.a.data() + t * units,
-                                                           d.x.data() + t * c.K, c.K);
+          << c.name() << " row " << r << " token " << t << ": " << emutest::hex(got)
+          << " vs replay " << emutest::hex(want);
+      const emutest::Bounded e = emutest::mmvq_exact_bound(
+          c.t, d.w.data() + r * rb, d.a.data() + t * units, d.x.data() + t * c.K, c.K);
       ASSERT_LE(std::fabs(got - e.exact), e.bound)
           << c.name() << " row " << r << " token " << t << ": emu " << got << " exact " << e.exact;
     }
@@ -76,7 +77,8 @@ TEST_P(EmuMmvq, IndependentOfTokenCountAndLaunchForm) {
   std::vector<float> one(static_cast<size_t>(c.rows));
   for (int64_t t = 0; t < c.T; ++t) {
     emu::mmvq(c.t, d.w.data(), d.a.data() + t * units, one.data(), c.rows, c.K, 1);
-    ASSERT_EQ(std::memcmp(one.data(), d.y.data() + t * c.rows, one.size() * 4), 0) << c.name() << " token " << t;
+    ASSERT_EQ(std::memcmp(one.data(), d.y.data() + t * c.rows, one.size() * 4), 0)
+        << c.name() << " token " << t;
   }
   // The one-token multi-expert form: rows split into two "experts" at non-contiguous pointers.
   const int64_t half = c.rows / 2, rb = row_bytes(c.t, c.K);
@@ -212,13 +214,17 @@ TEST(EmuMmvqGroups, EqualsPlainPerRowAndAnyRowSplit_Q2K_Q3K) {
         std::vector<float> one(static_cast<size_t>(rows));
         emu::mmvq(t, slots[gr.slot], a.data() + gr.a_row[i] * (K / 32), one.data(), rows, K, 1);
         for (int64_t r = 0; r < rows; ++r)
-          ASSERT_EQ(f32_bits(y[gr.y_row[i] * rows + r]), f32_bits(one[r])) << "slot " << gr.slot << " row " << r;
+          ASSERT_EQ(f32_bits(y[gr.y_row[i] * rows + r]), f32_bits(one[r]))
+              << "slot " << gr.slot << " row " << r;
       }
     }
     groups[0].n = 9;
-    EXPECT_THROW(emu::mmvq_groups(t, slots.data(), groups.data(), 1, a.data(), y.data(), rows, K), InputError);
+    EXPECT_THROW(emu::mmvq_groups(t, slots.data(), groups.data(), 1, a.data(), y.data(), rows, K),
+                 InputError);
     groups[0].n = 1;
-    EXPECT_THROW(emu::mmvq_groups(t, slots.data(), groups.data(), 1, a.data(), y.data(), rows, K, 5, 4), InputError);
+    EXPECT_THROW(
+        emu::mmvq_groups(t, slots.data(), groups.data(), 1, a.data(), y.data(), rows, K, 5, 4),
+        InputError);
   }
 }
 

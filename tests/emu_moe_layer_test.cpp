@@ -36,13 +36,15 @@ emu::LayerOptions opts(RouterVariant v, int warps = 8, int threads = 0) {
 
 TEST(EmuMoeLayer, tiny_T8_bf16shared_staged_vs_reference) {
   const LayerWeights w = generate_layer(preset("tiny", SharedExpertType::kBF16), 0);
-  emutest::check_against_reference(w, generate_input(3, 8, w.config.dim), 8, opts(RouterVariant::kStaged),
+  emutest::check_against_reference(w, generate_input(3, 8, w.config.dim), 8,
+                                   opts(RouterVariant::kStaged),
                                    "tiny_T8_bf16shared_staged seed 3");
 }
 
 TEST(EmuMoeLayer, tiny_T8_kquantshared_plain_vs_reference) {
   const LayerWeights w = generate_layer(preset("tiny", SharedExpertType::kKQuant), 1);
-  emutest::check_against_reference(w, generate_input(4, 8, w.config.dim), 8, opts(RouterVariant::kPlain),
+  emutest::check_against_reference(w, generate_input(4, 8, w.config.dim), 8,
+                                   opts(RouterVariant::kPlain),
                                    "tiny_T8_kquantshared_plain layer 1 seed 4");
 }
 
@@ -50,15 +52,17 @@ TEST(EmuMoeLayer, small_T5_bf16shared_staged_randomblocks_vs_reference) {
   GenOptions o = preset("small", SharedExpertType::kBF16);
   o.blocks = ExpertBlocks::kRandomValid;  // the quantised path is covered by tiny; this is faster
   const LayerWeights w = generate_layer(o, 0);
-  emutest::check_against_reference(w, generate_input(5, 5, w.config.dim), 5, opts(RouterVariant::kStaged),
+  emutest::check_against_reference(w, generate_input(5, 5, w.config.dim), 5,
+                                   opts(RouterVariant::kStaged),
                                    "small_T5_bf16shared_staged_randomblocks seed 5");
 }
 
 // Routing flips on purpose: x repeats with period dim / 2 and router row 11 is row 3 rotated by
 // dim / 2, so both rows sum the same products (equal exact logits) while each plain-schedule lane
-// takes them in the other order (the f32 sums differ in their last bits); biases make 0, 1, 2 certain picks and leave the last slot to 3 or 11, and
-// bias[11] - bias[3] is the smallest multiple of 2^-26 for which the two routings disagree on
-// some token (searched deterministically). Every flip must be explained by the logit bound.
+// takes them in the other order (the f32 sums differ in their last bits); biases make 0, 1, 2
+// certain picks and leave the last slot to 3 or 11, and bias[11] - bias[3] is the smallest multiple
+// of 2^-26 for which the two routings disagree on some token (searched deterministically). Every
+// flip must be explained by the logit bound.
 TEST(EmuMoeLayer, tiny_T16_forced_near_ties_flips_explained) {
   LayerWeights w = generate_layer(preset("tiny", SharedExpertType::kBF16), 0);
   const MoeConfig& c = w.config;
@@ -66,7 +70,8 @@ TEST(EmuMoeLayer, tiny_T16_forced_near_ties_flips_explained) {
   const int64_t T = 16;
   std::vector<uint16_t> router(w.router, w.router + c.n_routed * c.dim);
   const int64_t half = c.dim / 2;  // 256: chunks c and c + 32 share their x values
-  for (int64_t k = 0; k < c.dim; ++k) router[11 * c.dim + k] = w.router[3 * c.dim + (k + half) % c.dim];
+  for (int64_t k = 0; k < c.dim; ++k)
+    router[11 * c.dim + k] = w.router[3 * c.dim + (k + half) % c.dim];
   std::vector<float> bias(static_cast<size_t>(c.n_routed), -100.0f);
   bias[0] = bias[1] = bias[2] = 100.0f;
   bias[3] = 0.0f;
@@ -88,9 +93,9 @@ TEST(EmuMoeLayer, tiny_T16_forced_near_ties_flips_explained) {
   }
   ASSERT_LT(k, 256) << "no bias offset up to 256 * 2^-26 produced a routing flip";
   int flips = 0;
-  emutest::check_against_reference(w, x, T, opts(RouterVariant::kPlain),
-                                   "tiny_T16_forced_near_ties_plain seed 17 bias11 " + std::to_string(k) + "*2^-26",
-                                   &flips);
+  emutest::check_against_reference(
+      w, x, T, opts(RouterVariant::kPlain),
+      "tiny_T16_forced_near_ties_plain seed 17 bias11 " + std::to_string(k) + "*2^-26", &flips);
   EXPECT_GT(flips, 0);
 }
 
@@ -101,12 +106,15 @@ TEST(EmuMoeLayer, tiny_T40_grouping_warps_threads_determinism) {
     const LayerWeights w = generate_layer(preset("tiny", sh), 0);
     const int64_t dim = w.config.dim, T = 40;
     const std::vector<uint16_t> x = generate_input(9, T, dim);
-    const std::string cfg = std::string("tiny_T40_") + (sh == SharedExpertType::kBF16 ? "bf16" : "kquant");
+    const std::string cfg =
+        std::string("tiny_T40_") + (sh == SharedExpertType::kBF16 ? "bf16" : "kquant");
     LayerTaps taps;
-    const std::vector<uint16_t> all = emu::MoeLayer(w, opts(RouterVariant::kStaged)).forward(x.data(), T, &taps);
+    const std::vector<uint16_t> all =
+        emu::MoeLayer(w, opts(RouterVariant::kStaged)).forward(x.data(), T, &taps);
     size_t max_rows = 0;
     for (const ExpertTaps& e : taps.experts) max_rows = std::max(max_rows, e.tokens.size());
-    EXPECT_GT(max_rows, static_cast<size_t>(kMaxGroupRows)) << cfg << ": no expert needed two groups";
+    EXPECT_GT(max_rows, static_cast<size_t>(kMaxGroupRows))
+        << cfg << ": no expert needed two groups";
     for (int warps : {2, 4, 8}) {
       for (int threads : {1, 2, 3}) {
         const emu::MoeLayer layer(w, opts(RouterVariant::kStaged, warps, threads));
@@ -117,11 +125,13 @@ TEST(EmuMoeLayer, tiny_T40_grouping_warps_threads_determinism) {
     const emu::MoeLayer layer(w, opts(RouterVariant::kStaged, 8, 1));
     for (int64_t t = 0; t < T; ++t) {
       const std::vector<uint16_t> one = layer.forward(x.data() + t * dim, 1);
-      ASSERT_EQ(std::memcmp(one.data(), all.data() + t * dim, 2 * dim), 0) << cfg << " token " << t << " alone";
+      ASSERT_EQ(std::memcmp(one.data(), all.data() + t * dim, 2 * dim), 0)
+          << cfg << " token " << t << " alone";
     }
     for (int64_t t0 = 0; t0 < T; t0 += 8) {
       const std::vector<uint16_t> eight = layer.forward(x.data() + t0 * dim, 8);
-      ASSERT_EQ(std::memcmp(eight.data(), all.data() + t0 * dim, 2 * 8 * dim), 0) << cfg << " tokens " << t0 << "..+8";
+      ASSERT_EQ(std::memcmp(eight.data(), all.data() + t0 * dim, 2 * 8 * dim), 0)
+          << cfg << " tokens " << t0 << "..+8";
     }
   }
 }
@@ -158,8 +168,8 @@ void ds41_vs_reference(int64_t T, uint64_t seed) {
   emu::router_gemv(o.router, w.router, x.data(), logits.data(), w.config.n_routed, w.config.dim, T);
   lazy.fill(route_from_logits(logits.data(), T, w.bias, w.config, 0).ids);
   lazy.fill(ref::Gate(w).forward_exact(x.data(), T).ids);
-  emutest::check_against_reference(w, x, T, o,
-                                   "ds41_T" + std::to_string(T) + "_staged seed " + std::to_string(seed));
+  emutest::check_against_reference(
+      w, x, T, o, "ds41_T" + std::to_string(T) + "_staged seed " + std::to_string(seed));
 }
 
 TEST(EmuMoeLayer, ds41_T1_vs_reference) { ds41_vs_reference(1, 1); }

@@ -1,6 +1,6 @@
 // The pexp accuracy sweep shared by tests/emu_pexp_test.cpp (strided) and
-// tests/slow/emu_pexp_full_test.cpp (every f32 in [-104, 88.7228]): error in ulp of the exact result
-// (exp in double), docs/numerics.md "pexp".
+// tests/slow/emu_pexp_full_test.cpp (every f32 in [-104, 88.7228]): error in ulp of the exact
+// result (exp in double), docs/numerics.md "pexp".
 #pragma once
 
 #include <cmath>
@@ -35,7 +35,10 @@ inline SweepResult sweep_pexp(uint32_t stride) {
       const double err = std::fabs(static_cast<double>(f) - e) / emutest_ulp_d(e);
       ++r.n;
       if (e < 0x1p-126) {
-        if (err > r.worst_subnormal) { r.worst_subnormal = err; r.x_subnormal = x; }
+        if (err > r.worst_subnormal) {
+          r.worst_subnormal = err;
+          r.x_subnormal = x;
+        }
       } else if (err > r.worst_normal) {
         r.worst_normal = err;
         r.x_normal = x;
@@ -47,9 +50,10 @@ inline SweepResult sweep_pexp(uint32_t stride) {
 
 // One line with the sweep's figures (what docs/numerics.md "pexp" quotes).
 inline void print_sweep(const char* what, const SweepResult& r) {
-  std::printf("pexp %s: %llu inputs, max %.4f ulp (normal) at %a, %.4f ulp (subnormal) at %a\n", what,
-              static_cast<unsigned long long>(r.n), r.worst_normal, static_cast<double>(r.x_normal),
-              r.worst_subnormal, static_cast<double>(r.x_subnormal));
+  std::printf("pexp %s: %llu inputs, max %.4f ulp (normal) at %a, %.4f ulp (subnormal) at %a\n",
+              what, static_cast<unsigned long long>(r.n), r.worst_normal,
+              static_cast<double>(r.x_normal), r.worst_subnormal,
+              static_cast<double>(r.x_subnormal));
 }
 
 }  // namespace moecheck::emutest

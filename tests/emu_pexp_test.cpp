@@ -46,7 +46,7 @@ TEST(EmuPexp, SwigluClampAndSigns) {
   const double s10 = 10.0 / (1.0 + std::exp(-10.0));
   EXPECT_NEAR(h, -10.0 * s10, 4 * emutest_ulp(static_cast<float>(10.0 * s10)));
   EXPECT_EQ(swiglu(-50.0f, 3.0f, 10.0f), swiglu(-50.0f, 3.0f, 0.0f));  // no lower clamp on g
-  EXPECT_NE(swiglu(2.0f, 50.0f, 10.0f), swiglu(2.0f, 50.0f, 0.0f));  // L <= 0: no clamp
+  EXPECT_NE(swiglu(2.0f, 50.0f, 10.0f), swiglu(2.0f, 50.0f, 0.0f));    // L <= 0: no clamp
   EXPECT_TRUE(std::isnan(swiglu(std::nanf(""), 1.0f, 10.0f)));
   EXPECT_TRUE(std::isnan(swiglu(1.0f, std::nanf(""), 10.0f)));
   EXPECT_EQ(f32_bits(swiglu(-200.0f, 1.0f, 10.0f)), 0x80000000u);  // exp overflows: -0

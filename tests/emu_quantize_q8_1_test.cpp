@@ -31,8 +31,9 @@ TEST(EmuQuantizeQ8_1, AllZeroAndSignedZero) {
 }
 
 TEST(EmuQuantizeQ8_1, NaNOrInfPoisonsTheBlock) {
-  const float bad[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
-                       std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  const float bad[] = {
+      std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+      std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
   for (float v : bad) {
     for (int pos : {0, 17, 31}) {
       emutest::Gen g(static_cast<uint64_t>(pos));
@@ -60,7 +61,10 @@ TEST(EmuQuantizeQ8_1, TiesRoundToEven) {
   EXPECT_EQ(f16_to_f32(b.s), static_cast<float>(sum));
   // amax = 63.5: d = 0.5, x = 1.25 -> 2.5 -> 2, x = 1.75 -> 3.5 -> 4.
   std::vector<float> y(32, 0.0f);
-  y[0] = 63.5f; y[1] = 1.25f; y[2] = 1.75f; y[3] = -1.25f;
+  y[0] = 63.5f;
+  y[1] = 1.25f;
+  y[2] = 1.75f;
+  y[3] = -1.25f;
   b = quantize_block_q8_1(y.data());
   EXPECT_EQ(f16_to_f32(b.d), 0.5f);
   EXPECT_EQ(b.qs[1], 2);
@@ -79,7 +83,7 @@ TEST(EmuQuantizeQ8_1, SubnormalInputs) {
   EXPECT_EQ(b.qs[0], 100);
   EXPECT_EQ(b.qs[1], -2);  // -3 / 2 = -1.5 -> -2 (tie to even)
   EXPECT_EQ(b.d, 0);       // d = 2^-148 is far below f16's 2^-24: d16 = 0
-  x[0] = 190 * t;  // d = rn(1.496) 2^-149 = 2^-149: quotient 190 clamps to 127
+  x[0] = 190 * t;          // d = rn(1.496) 2^-149 = 2^-149: quotient 190 clamps to 127
   b = quantize_block_q8_1(x.data());
   EXPECT_EQ(b.qs[0], 127);
   EXPECT_EQ(b.qs[1], -3);
@@ -102,12 +106,13 @@ TEST(EmuQuantizeQ8_1, RowsAreBlockwise) {
 
 // For every scale from 1e-30 to 1e4 the stored block reproduces x within the step bound, quants
 // stay in [-127, 127], and s = f16(d * sum q).
-// The bf16 form widens exactly, then quantises: the same bytes as the f32 form on the widened values.
+// The bf16 form widens exactly, then quantises: the same bytes as the f32 form on the widened
+// values.
 TEST(EmuQuantizeQ8_1, Bf16FormEqualsF32FormOnWidenedValues) {
   emutest::Gen g(53);
   const int64_t R = 3, K = 256;
   std::vector<uint16_t> xb = g.bf16(R * K, 2.0);
-  xb[5] = 0x7FC0;  // NaN poisons its block in both forms
+  xb[5] = 0x7FC0;   // NaN poisons its block in both forms
   xb[40] = 0x0001;  // subnormal bf16
   std::vector<float> xf(xb.size());
   for (size_t i = 0; i < xb.size(); ++i) xf[i] = bf16_to_f32(xb[i]);
@@ -132,9 +137,10 @@ RC_GTEST_PROP(EmuQuantizeQ8_1, StepBoundHolds, ()) {
     RC_ASSERT(b.qs[i] <= 127);
     sum += b.qs[i];
     const double err = std::fabs(static_cast<double>(x[i]) - b.qs[i] * d16);
-    if (!(err <= bound)) RC_FAIL("seed " + std::to_string(seed) + " scale 1e" + std::to_string(e10) +
-                                 " i " + std::to_string(i) + ": err " + std::to_string(err) +
-                                 " > bound " + std::to_string(bound));
+    if (!(err <= bound))
+      RC_FAIL("seed " + std::to_string(seed) + " scale 1e" + std::to_string(e10) + " i " +
+              std::to_string(i) + ": err " + std::to_string(err) + " > bound " +
+              std::to_string(bound));
   }
   double amax = 0;
   for (float v : x) amax = std::fmax(amax, std::fabs(static_cast<double>(v)));

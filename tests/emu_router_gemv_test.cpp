@@ -29,7 +29,8 @@ float replay(RouterVariant v, const uint16_t* w, const uint16_t* x, int64_t K) {
   float lane[kWarpSize];
   for (int l = 0; l < kWarpSize; ++l) {
     lane[l] = part[l];
-    for (int j = 1; j < threads / kWarpSize; ++j) lane[l] = add_rn(lane[l], part[l + kWarpSize * j]);
+    for (int j = 1; j < threads / kWarpSize; ++j)
+      lane[l] = add_rn(lane[l], part[l + kWarpSize * j]);
   }
   return butterfly(lane);
 }
@@ -55,14 +56,16 @@ TEST_P(EmuRouterGemv, ReplayBoundAndTokenIndependence) {
                                                      : 8 * ((c.K + 2047) / 2048) + 7 + 5;
   for (int64_t t = 0; t < c.T; ++t) {
     emu::router_gemv(c.v, w.data(), x.data() + t * c.K, y1.data(), c.rows, c.K, 1);
-    ASSERT_EQ(std::memcmp(y1.data(), y.data() + t * c.rows, y1.size() * 4), 0) << c.name() << " token " << t;
+    ASSERT_EQ(std::memcmp(y1.data(), y.data() + t * c.rows, y1.size() * 4), 0)
+        << c.name() << " token " << t;
     for (int64_t r = 0; r < c.rows; ++r) {
       const float got = y[t * c.rows + r];
       const float want = replay(c.v, w.data() + r * c.K, x.data() + t * c.K, c.K);
       ASSERT_EQ(f32_bits(got), f32_bits(want)) << c.name() << " row " << r << " token " << t;
       double exact = 0, mag = 0;
       for (int64_t k = 0; k < c.K; ++k) {
-        const double p = static_cast<double>(bf16_to_f32(w[r * c.K + k])) * bf16_to_f32(x[t * c.K + k]);
+        const double p =
+            static_cast<double>(bf16_to_f32(w[r * c.K + k])) * bf16_to_f32(x[t * c.K + k]);
         exact += p;
         mag += std::fabs(p);
       }
@@ -77,12 +80,14 @@ TEST_P(EmuRouterGemv, ReplayBoundAndTokenIndependence) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Configs, EmuRouterGemv,
-    ::testing::Values(Case{RouterVariant::kPlain, 16, 512, 3}, Case{RouterVariant::kStaged, 16, 512, 3},
-                      Case{RouterVariant::kPlain, 24, 5120, 2}, Case{RouterVariant::kStaged, 24, 5120, 2},
-                      Case{RouterVariant::kPlain, 8, 2304, 9}, Case{RouterVariant::kStaged, 8, 2056, 1}),
-    [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
+INSTANTIATE_TEST_SUITE_P(Configs, EmuRouterGemv,
+                         ::testing::Values(Case{RouterVariant::kPlain, 16, 512, 3},
+                                           Case{RouterVariant::kStaged, 16, 512, 3},
+                                           Case{RouterVariant::kPlain, 24, 5120, 2},
+                                           Case{RouterVariant::kStaged, 24, 5120, 2},
+                                           Case{RouterVariant::kPlain, 8, 2304, 9},
+                                           Case{RouterVariant::kStaged, 8, 2056, 1}),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
 
 TEST(EmuRouterGemvEdge, NaNPropagatesToItsRowOnly) {
   emutest::Gen g(3);

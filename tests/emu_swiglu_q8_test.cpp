@@ -23,7 +23,10 @@ TEST(EmuSwigluQ8, BoundClampAndBlocks_R3_inter256) {
   const int64_t R = 3, inter = 256;
   for (float L : {10.0f, 0.0f}) {
     std::vector<float> g = gen.f32(R * inter, 8.0), u = gen.f32(R * inter, 8.0);
-    g[0] = 95.0f; g[1] = -95.0f; g[2] = 1e-40f; u[3] = 1e-40f;  // exp over/underflow, subnormals
+    g[0] = 95.0f;
+    g[1] = -95.0f;
+    g[2] = 1e-40f;
+    u[3] = 1e-40f;  // exp over/underflow, subnormals
     std::vector<float> h(g.size());
     std::vector<BlockQ8_1> hq(static_cast<size_t>(R * inter / 32)), want(hq.size());
     emu::swiglu_q8(g.data(), u.data(), h.data(), hq.data(), R, inter, L);
@@ -33,13 +36,16 @@ TEST(EmuSwigluQ8, BoundClampAndBlocks_R3_inter256) {
     std::vector<uint16_t> hb(h.size());
     emu::swiglu_bf16(g.data(), u.data(), hf.data(), hb.data(), R, inter, L);
     ASSERT_EQ(std::memcmp(hf.data(), h.data(), h.size() * 4), 0) << "swiglu_bf16's h, L = " << L;
-    for (size_t i = 0; i < h.size(); ++i) ASSERT_EQ(hb[i], f32_to_bf16(h[i])) << "L = " << L << " i = " << i;
+    for (size_t i = 0; i < h.size(); ++i)
+      ASSERT_EQ(hb[i], f32_to_bf16(h[i])) << "L = " << L << " i = " << i;
     for (int64_t i = 0; i < R * inter; ++i) {
       const double gc = L > 0 ? std::min<double>(g[i], L) : g[i];
       const double uc = L > 0 ? std::clamp<double>(u[i], -L, L) : u[i];
       const double exact = silu64(gc) * uc;
-      const double bound = emutest::gamma(5) * std::fabs(exact) + 0x1p-126 * std::fabs(uc) + 0x1p-149;
-      ASSERT_LE(std::fabs(h[i] - exact), bound) << "L = " << L << " i = " << i << " g " << g[i] << " u " << u[i];
+      const double bound =
+          emutest::gamma(5) * std::fabs(exact) + 0x1p-126 * std::fabs(uc) + 0x1p-149;
+      ASSERT_LE(std::fabs(h[i] - exact), bound)
+          << "L = " << L << " i = " << i << " g " << g[i] << " u " << u[i];
     }
   }
 }

@@ -8,16 +8,16 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <string>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "compare/bounds.h"
 #include "core/blocks.h"
 #include "core/fp_ops.h"
-#include "core/numfmt.h"
 #include "core/kquant.h"
+#include "core/numfmt.h"
 #include "core/schedule.h"
-#include "compare/bounds.h"
 
 namespace moecheck::emutest {
 
@@ -35,7 +35,8 @@ class Gen {
   double uni() { return static_cast<double>(r_() >> 11) * 0x1p-53; }
   float normal(double sigma = 1.0) {
     const double a = uni() + 0x1p-60, b = uni();
-    return static_cast<float>(sigma * std::sqrt(-2.0 * std::log(a)) * std::cos(6.283185307179586 * b));
+    return static_cast<float>(sigma * std::sqrt(-2.0 * std::log(a)) *
+                              std::cos(6.283185307179586 * b));
   }
   std::vector<float> f32(int64_t n, double sigma) {
     std::vector<float> v(static_cast<size_t>(n));
@@ -60,11 +61,17 @@ inline BlockQ2K make_q2k(Gen& g, BlockKind kind, float dscale = 1e-3f) {
   for (auto& q : b.qs) q = g.byte();
   for (auto& s : b.scales) s = kind == BlockKind::kAllMaxSub ? 0xFF : g.byte();
   switch (kind) {
-    case BlockKind::kZeroScale: b.d = 0; b.dmin = f32_to_f16(dscale); break;
-    case BlockKind::kSubnormalScale: b.d = static_cast<uint16_t>(1 + g.u32() % 0x3FF);
-                                     b.dmin = static_cast<uint16_t>(1 + g.u32() % 0x3FF); break;
-    default: b.d = f32_to_f16(dscale * static_cast<float>(0.5 + g.uni()));
-             b.dmin = f32_to_f16(dscale * static_cast<float>(0.5 + g.uni()));
+    case BlockKind::kZeroScale:
+      b.d = 0;
+      b.dmin = f32_to_f16(dscale);
+      break;
+    case BlockKind::kSubnormalScale:
+      b.d = static_cast<uint16_t>(1 + g.u32() % 0x3FF);
+      b.dmin = static_cast<uint16_t>(1 + g.u32() % 0x3FF);
+      break;
+    default:
+      b.d = f32_to_f16(dscale * static_cast<float>(0.5 + g.uni()));
+      b.dmin = f32_to_f16(dscale * static_cast<float>(0.5 + g.uni()));
   }
   return b;
 }
@@ -106,7 +113,10 @@ inline std::vector<uint8_t> make_rows(Gen& g, GgmlType t, int64_t rows, int64_t 
 using moecheck::q8_block_bound;
 
 // Unit integer parts straight from the contract, with the per-element decoders of blocks.h.
-struct UnitInts { int64_t A = 0, B = 0; float d = 0, dmin = 0; };
+struct UnitInts {
+  int64_t A = 0, B = 0;
+  float d = 0, dmin = 0;
+};
 inline UnitInts unit_ints(GgmlType t, const uint8_t* row, const BlockQ8_1& a, int64_t g) {
   UnitInts r;
   const int64_t sb = g / kQ8PerSuperBlock, b = g % kQ8PerSuperBlock;
@@ -135,9 +145,9 @@ inline float mmvq_replay(GgmlType t, const uint8_t* row, const BlockQ8_1* a, int
     float acc = 0.0f;
     for (int64_t g = l; g < units; g += kWarpSize) {
       const UnitInts u = unit_ints(t, row, a[g], g);
-      const float tt = t == GgmlType::kQ2K
-                           ? fma_rn(u.d, static_cast<float>(u.A), -mul_rn(u.dmin, static_cast<float>(u.B)))
-                           : mul_rn(u.d, static_cast<float>(u.A));
+      const float tt = t == GgmlType::kQ2K ? fma_rn(u.d, static_cast<float>(u.A),
+                                                    -mul_rn(u.dmin, static_cast<float>(u.B)))
+                                           : mul_rn(u.d, static_cast<float>(u.A));
       acc = fma_rn(f16_to_f32(a[g].d), tt, acc);
     }
     lane[l] = acc;

@@ -110,11 +110,16 @@ TEST(Generator, PinnedDigests_tiny_seed1) {
   generate_shared(o, 0, Proj::kDown, shared.data());
   const std::vector<uint8_t> gate = expert(o, 1, Proj::kGate, 5);
   const std::vector<uint8_t> down = expert(o, 1, Proj::kDown, 15);
-  EXPECT_EQ(sha256_hex(router.data(), router.size() * 2), "59fd42a551adecfd6c1d5a7a0e8f8a9db59e0d3ce0901f7afdc6768811206f41");
-  EXPECT_EQ(sha256_hex(bias.data(), bias.size() * 4), "6e07f098d892d17202265a0bb77636a71226cdddce8d09a2e151ad52ff074397");
-  EXPECT_EQ(sha256_hex(shared.data(), shared.size()), "b517788e1a86bdb9dcae17d4c349de3795deaa7fa63eb3646a7d388a098a113b");
-  EXPECT_EQ(sha256_hex(gate.data(), gate.size()), "d24c723c7c4891259540c06d120759df3c628921008a7e7050733e143e705fce");
-  EXPECT_EQ(sha256_hex(down.data(), down.size()), "fdd0b13c14e7dfec8d744cc3b28312f35fa667485cb847cc053c6ae56243aa44");
+  EXPECT_EQ(sha256_hex(router.data(), router.size() * 2),
+            "59fd42a551adecfd6c1d5a7a0e8f8a9db59e0d3ce0901f7afdc6768811206f41");
+  EXPECT_EQ(sha256_hex(bias.data(), bias.size() * 4),
+            "6e07f098d892d17202265a0bb77636a71226cdddce8d09a2e151ad52ff074397");
+  EXPECT_EQ(sha256_hex(shared.data(), shared.size()),
+            "b517788e1a86bdb9dcae17d4c349de3795deaa7fa63eb3646a7d388a098a113b");
+  EXPECT_EQ(sha256_hex(gate.data(), gate.size()),
+            "d24c723c7c4891259540c06d120759df3c628921008a7e7050733e143e705fce");
+  EXPECT_EQ(sha256_hex(down.data(), down.size()),
+            "fdd0b13c14e7dfec8d744cc3b28312f35fa667485cb847cc053c6ae56243aa44");
 }
 
 TEST(Generator, DeterministicPerSeedLayerTensorExpert) {
@@ -167,7 +172,8 @@ TEST(Generator, RandomValidBlocksFiniteWithDerivedSpread) {
           ASSERT_TRUE(std::isfinite(dm) && dm >= 6.103515625e-05f) << preset << " block " << b;
         }
       }
-      const std::vector<float> y = decode(blk.data(), down ? GgmlType::kQ3K : GgmlType::kQ2K, rows, cols);
+      const std::vector<float> y =
+          decode(blk.data(), down ? GgmlType::kQ3K : GgmlType::kQ2K, rows, cols);
       for (const float v : y) ASSERT_TRUE(std::isfinite(v)) << preset;
       const double sigma = 1.0 / std::sqrt(static_cast<double>(cols));
       const double want = (down ? 1.049 : 1.082) * sigma;
@@ -184,12 +190,14 @@ TEST(Generator, ExpertOutputsOrderOne_tiny_seed1) {
     GenOptions o = preset_options("tiny");
     o.blocks = mode;
     const MoeConfig& c = o.config;
-    const std::vector<float> w = decode(expert(o, 0, Proj::kGate, 0).data(), GgmlType::kQ2K, c.inter, c.dim);
+    const std::vector<float> w =
+        decode(expert(o, 0, Proj::kGate, 0).data(), GgmlType::kQ2K, c.inter, c.dim);
     const std::vector<uint16_t> x = generate_input(11, 1, c.dim);
     std::vector<float> g(static_cast<size_t>(c.inter));
     for (int64_t r = 0; r < c.inter; ++r) {
       double s = 0;
-      for (int64_t k = 0; k < c.dim; ++k) s += static_cast<double>(w[r * c.dim + k]) * bf16_to_f32(x[k]);
+      for (int64_t k = 0; k < c.dim; ++k)
+        s += static_cast<double>(w[r * c.dim + k]) * bf16_to_f32(x[k]);
       g[r] = static_cast<float>(s);
     }
     const double gr = rms(g);
@@ -207,8 +215,10 @@ TEST(Generator, ExpertOutputsOrderOne_tiny_seed1) {
 TEST(Generator, RoutingSpreadsOverExperts) {
   for (const char* preset : {"tiny", "small", "ds41"}) {
     const bool ds = std::string(preset) == "ds41";
-    for (const ScoreFunc sf : {ScoreFunc::kSqrtSoftplus, ScoreFunc::kSigmoid, ScoreFunc::kSoftmax}) {
-      if (ds && sf != ScoreFunc::kSqrtSoftplus) continue;  // ds41's own score function only: 1 s each
+    for (const ScoreFunc sf :
+         {ScoreFunc::kSqrtSoftplus, ScoreFunc::kSigmoid, ScoreFunc::kSoftmax}) {
+      if (ds && sf != ScoreFunc::kSqrtSoftplus)
+        continue;  // ds41's own score function only: 1 s each
       GenOptions o = preset_options(preset);
       o.config.score_func = sf;
       const MoeConfig& c = o.config;
@@ -226,7 +236,8 @@ TEST(Generator, RoutingSpreadsOverExperts) {
         for (int64_t e = 0; e < c.n_routed; ++e) {
           double z = 0;
           for (int64_t k = 0; k < c.dim; ++k)
-            z += static_cast<double>(bf16_to_f32(router[e * c.dim + k])) * bf16_to_f32(x[t * c.dim + k]);
+            z += static_cast<double>(bf16_to_f32(router[e * c.dim + k])) *
+                 bf16_to_f32(x[t * c.dim + k]);
           s[e] = sf == ScoreFunc::kSqrtSoftplus ? std::sqrt(std::log1p(std::exp(z)))
                  : sf == ScoreFunc::kSigmoid    ? 1.0 / (1.0 + std::exp(-z))
                                                 : std::exp(z);
@@ -236,14 +247,17 @@ TEST(Generator, RoutingSpreadsOverExperts) {
           for (double& v : s) v /= sum;
         }
         const auto [lo, hi] = std::minmax_element(s.begin(), s.end());
-        min_range = std::min(min_range, (*hi - *lo) / (sf == ScoreFunc::kSoftmax ? 1.0 / c.n_routed : 1.0));
+        min_range =
+            std::min(min_range, (*hi - *lo) / (sf == ScoreFunc::kSoftmax ? 1.0 / c.n_routed : 1.0));
         std::vector<int> idx(static_cast<size_t>(c.n_routed));
         std::iota(idx.begin(), idx.end(), 0);
-        std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return s[a] + bias[a] > s[b] + bias[b]; });
+        std::stable_sort(idx.begin(), idx.end(),
+                         [&](int a, int b) { return s[a] + bias[a] > s[b] + bias[b]; });
         for (int64_t k = 0; k < c.topk; ++k) ++picks[static_cast<size_t>(idx[k])];
       }
       const double fair = static_cast<double>(tokens * c.topk) / static_cast<double>(c.n_routed);
-      const int64_t reached = std::count_if(picks.begin(), picks.end(), [](int p) { return p > 0; });
+      const int64_t reached =
+          std::count_if(picks.begin(), picks.end(), [](int p) { return p > 0; });
       EXPECT_GE(reached, ds ? (c.n_routed * 8 + 9) / 10 : c.n_routed) << ctx;
       EXPECT_LE(*std::max_element(picks.begin(), picks.end()), (ds ? 6 : 4) * fair) << ctx;
       EXPECT_GT(min_range, 0.1) << ctx << " (softmax range in units of 1/n_routed)";

@@ -14,17 +14,17 @@
 #include <map>
 
 #include "core/error.h"
-#include "tests/expect_error.h"
 #include "golden/generator.h"
 #include "golden/gguf.h"
+#include "tests/expect_error.h"
 
 namespace moecheck::gguf {
 namespace {
 
 std::string temp_path(const std::string& tag) {
   static int n = 0;
-  return std::string(MOECHECK_BINARY_DIR) + "/gguf_test-" + std::to_string(::getpid()) + "-" + tag + "-" +
-         std::to_string(n++) + ".gguf";
+  return std::string(MOECHECK_BINARY_DIR) + "/gguf_test-" + std::to_string(::getpid()) + "-" + tag +
+         "-" + std::to_string(n++) + ".gguf";
 }
 
 std::vector<uint8_t> read_all(const std::string& path) {
@@ -60,7 +60,9 @@ struct Raw {
   }
 };
 
-uint8_t data_byte(int tensor, uint64_t i) { return static_cast<uint8_t>(i * 131 + tensor * 17 + 5); }
+uint8_t data_byte(int tensor, uint64_t i) {
+  return static_cast<uint8_t>(i * 131 + tensor * 17 + 5);
+}
 
 // The fixture: 7 kvs of several types, a Q2_K [512, 2] tensor (336 bytes, padded to 352) and an
 // F32 [8, 2] tensor (64 bytes) at offset 352.
@@ -188,7 +190,7 @@ struct Corruption {
   uint64_t value;
   size_t bytes;
   std::vector<std::string> expect;  // message parts; "@field" stands for "offset <field's offset>"
-  size_t delta = 0;                  // reported offset relative to the field
+  size_t delta = 0;                 // reported offset relative to the field
 };
 
 TEST(GgufReader, CorruptedFieldsNameOffsetAndField) {
@@ -198,7 +200,11 @@ TEST(GgufReader, CorruptedFieldsNameOffsetAndField) {
       {"version_swapped", "version", 0x03000000, 4, {"@", "byte-swapped"}},
       {"tensor_count_huge", "tensor_count", 1ull << 40, 8, {"@", "tensor_count 1099511627776"}},
       {"kv_count_huge", "kv_count", 1ull << 40, 8, {"@", "kv_count 1099511627776"}},
-      {"key_length_huge", "kv1.key", 1000000000000ull, 8, {"@", "kv[1] key length 1000000000000 exceeds"}},
+      {"key_length_huge",
+       "kv1.key",
+       1000000000000ull,
+       8,
+       {"@", "kv[1] key length 1000000000000 exceeds"}},
       {"key_empty", "kv1.key", 0, 8, {"@", "kv[1] key is empty"}},
       {"value_type", "kv1.type", 13, 4, {"@", "value type id 13 is not a GGUF type"}},
       {"string_length", "kv2.value", 1ull << 50, 8, {"@", "kv[2] \"t.str\" length"}},
@@ -208,7 +214,11 @@ TEST(GgufReader, CorruptedFieldsNameOffsetAndField) {
       {"string_array_count", "kv5.count", 1ull << 40, 8, {"@", "kv[5] \"t.sarr\": array count"}},
       {"string_item_length", "kv5.item0", 1ull << 40, 8, {"@", "kv[5] \"t.sarr\"[0] length"}},
       {"bool_value", "kv4.value", 2, 1, {"@", "bool byte must be 0 or 1, found 2"}},
-      {"alignment_type", "kv0.type", 5, 4, {"@", "general.alignment\": must be uint32, found int32"}},
+      {"alignment_type",
+       "kv0.type",
+       5,
+       4,
+       {"@", "general.alignment\": must be uint32, found int32"}},
       {"alignment_3", "kv0.value", 3, 4, {"@", "must be a power of two, found 3"}},
       {"alignment_0", "kv0.value", 0, 4, {"@", "must be a power of two, found 0"}},
       {"tensor_name_empty", "t1.name", 0, 8, {"@", "tensor[1] name is empty"}},
@@ -218,11 +228,23 @@ TEST(GgufReader, CorruptedFieldsNameOffsetAndField) {
       {"n_dims_5", "t0.n_dims", 5, 4, {"@", "n_dims must be 1..4, found 5"}},
       {"ne0_zero", "t0.ne0", 0, 8, {"@", "ne[0] must be in 1..2^63-1, found 0"}},
       {"ne1_negative", "t0.ne1", 1ull << 63, 8, {"@", "ne[1] must be in 1..2^63-1"}},
-      {"ne0_not_block", "t0.ne0", 500, 8, {"ne[0] = 500 is not a multiple of the Q2_K block size 256"}},
+      {"ne0_not_block",
+       "t0.ne0",
+       500,
+       8,
+       {"ne[0] = 500 is not a multiple of the Q2_K block size 256"}},
       {"ne_overflow", "t0.ne1", 1ull << 62, 8, {"overflows"}},
       {"type_removed", "t0.type", 4, 4, {"@", "unknown ggml type id 4"}},
-      {"type_unknown", "t1.type", 1000, 4, {"@", "tensor[1] \"blk.0.b\": unknown ggml type id 1000"}},
-      {"offset_unaligned", "t1.offset", 353, 8, {"@", "data offset 353 is not a multiple of the alignment 32"}},
+      {"type_unknown",
+       "t1.type",
+       1000,
+       4,
+       {"@", "tensor[1] \"blk.0.b\": unknown ggml type id 1000"}},
+      {"offset_unaligned",
+       "t1.offset",
+       353,
+       8,
+       {"@", "data offset 353 is not a multiple of the alignment 32"}},
       {"offset_past_end", "t1.offset", 1ull << 40, 8, {"@", "ends past the end of the file"}},
       {"offset_overlap", "t1.offset", 320, 8, {"@", "overlaps tensor[0] \"blk.0.a\" [0, 336)"}},
   };
@@ -231,10 +253,13 @@ TEST(GgufReader, CorruptedFieldsNameOffsetAndField) {
     raw.patch(c.field, c.value, c.bytes);
     std::vector<std::string> parts;
     for (const std::string& p : c.expect)
-      parts.push_back(p == "@" ? "bad.gguf: offset " + std::to_string(raw.at.at(c.field) + c.delta) + ": " : p);
+      parts.push_back(
+          p == "@" ? "bad.gguf: offset " + std::to_string(raw.at.at(c.field) + c.delta) + ": " : p);
     try {
       Reader::from_bytes(raw.b, "bad.gguf");
-      ADD_FAILURE() << c.name << ": no InputError (--gtest_filter=GgufReader.CorruptedFieldsNameOffsetAndField)";
+      ADD_FAILURE()
+          << c.name
+          << ": no InputError (--gtest_filter=GgufReader.CorruptedFieldsNameOffsetAndField)";
     } catch (const InputError& e) {
       for (const std::string& p : parts)
         EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
@@ -247,11 +272,13 @@ TEST(GgufReader, DuplicateTensorNameAndKey) {
   Raw raw = fixture_bytes();
   raw.b[raw.at.at("t1.name") + 8 + 6] = 'a';  // "blk.0.b" -> "blk.0.a"
   expect_error([&] { Reader::from_bytes(raw.b, "dup.gguf"); },
-               {"dup.gguf: offset " + std::to_string(raw.at.at("t1.name")), "duplicates tensor[0]"}, "dup tensor");
+               {"dup.gguf: offset " + std::to_string(raw.at.at("t1.name")), "duplicates tensor[0]"},
+               "dup tensor");
   Raw raw2 = fixture_bytes();  // kv[5] "t.sarr" renamed to kv[4]'s "t.bool" (same length)
   std::memcpy(&raw2.b[raw2.at.at("kv5.key") + 8], "t.bool", 6);
   expect_error([&] { Reader::from_bytes(raw2.b, "dup.gguf"); },
-               {"dup.gguf: offset " + std::to_string(raw2.at.at("kv5.key")), "kv[5] key \"t.bool\" duplicates kv[4]"},
+               {"dup.gguf: offset " + std::to_string(raw2.at.at("kv5.key")),
+                "kv[5] key \"t.bool\" duplicates kv[4]"},
                "dup key");
 }
 
@@ -284,10 +311,12 @@ TEST(GgufReader, AcceptsGapsAndReversedOrder) {
 }
 
 TEST(GgufReader, OpenErrorsNameThePath) {
-  expect_error([] { Reader::open("/nonexistent/dir/m.gguf"); }, {"/nonexistent/dir/m.gguf: cannot open"}, "missing");
+  expect_error([] { Reader::open("/nonexistent/dir/m.gguf"); },
+               {"/nonexistent/dir/m.gguf: cannot open"}, "missing");
   const std::string empty = temp_path("empty");
   { std::ofstream f(empty); }
-  expect_error([&] { Reader::open(empty); }, {empty + ": offset 0: magic: needs 4 bytes, only 0 left"}, "empty");
+  expect_error([&] { Reader::open(empty); },
+               {empty + ": offset 0: magic: needs 4 bytes, only 0 left"}, "empty");
   std::remove(empty.c_str());
 }
 
@@ -300,8 +329,8 @@ TEST(GgufWriter, FailureLeavesNoFile) {
   expect_error([&] { w.write(path); }, {"fill failed on purpose"}, "throwing fill");
   EXPECT_FALSE(exists(path));
   EXPECT_FALSE(exists(path + ".tmp-" + std::to_string(::getpid())));
-  expect_error([&] { fixture_writer().write("/nonexistent/dir/out.gguf"); }, {"/nonexistent/dir/out.gguf: cannot create"},
-               "bad dir");
+  expect_error([&] { fixture_writer().write("/nonexistent/dir/out.gguf"); },
+               {"/nonexistent/dir/out.gguf: cannot create"}, "bad dir");
 }
 
 TEST(GgufWriter, RejectsBadInput) {
@@ -309,14 +338,32 @@ TEST(GgufWriter, RejectsBadInput) {
   w.set("a", make_uint8(1));
   expect_error([&] { w.set("a", make_uint8(2)); }, {"duplicate metadata key \"a\""}, "dup");
   expect_error([&] { w.set("", make_uint8(2)); }, {"empty metadata key"}, "empty");
-  expect_error([&] { w.set("n", make_array(ValueType::kArray, {})); }, {"scalar or string"}, "nested");
-  expect_error([&] { w.set("m", make_array(ValueType::kUint8, {make_int8(1)})); }, {"element is int8"}, "mixed");
+  expect_error([&] { w.set("n", make_array(ValueType::kArray, {})); }, {"scalar or string"},
+               "nested");
+  expect_error([&] { w.set("m", make_array(ValueType::kUint8, {make_int8(1)})); },
+               {"element is int8"}, "mixed");
   expect_error([&] { w.set_alignment(48); }, {"power of two, found 48"}, "align");
   auto fill = [](uint64_t, uint8_t*, uint64_t) {};
-  expect_error([&] { w.add_tensor({"q", 10, {100}, 0, fill}); }, {"not a multiple of the Q2_K block size 256"}, "block");
-  expect_error([&] { w.add_tensor({"q", 77, {256}, 0, fill}); }, {"unknown ggml type id 77"}, "type");
-  expect_error([&] { w.add_tensor({std::string(64, 'n'), 0, {1}, 0, fill}); }, {"longer than 63"}, "name");
-  expect_error([&] { w.add_tensor({"q", 0, {1, 2, 3, 4, 5}, 0, fill}); }, {"n_dims must be 1..4, found 5"}, "dims");
+  expect_error(
+      [&] {
+        w.add_tensor({"q", 10, {100}, 0, fill});
+      },
+      {"not a multiple of the Q2_K block size 256"}, "block");
+  expect_error(
+      [&] {
+        w.add_tensor({"q", 77, {256}, 0, fill});
+      },
+      {"unknown ggml type id 77"}, "type");
+  expect_error(
+      [&] {
+        w.add_tensor({std::string(64, 'n'), 0, {1}, 0, fill});
+      },
+      {"longer than 63"}, "name");
+  expect_error(
+      [&] {
+        w.add_tensor({"q", 0, {1, 2, 3, 4, 5}, 0, fill});
+      },
+      {"n_dims must be 1..4, found 5"}, "dims");
 }
 
 // Random corruption of the fixture: up to four bytes or 8-byte words overwritten (with values
@@ -333,11 +380,13 @@ RC_GTEST_PROP(GgufReader, RandomCorruptionIsValidOrInputError, ()) {
     const uint64_t values[] = {0, 1, size, 1ull << 63, ~0ull, 33};
     const uint64_t v = kind < 6 ? values[kind] : *rc::gen::arbitrary<uint64_t>();
     const size_t width = *rc::gen::element<size_t>(1, 4, 8);
-    for (size_t k = 0; k < width && at + k < raw.b.size(); ++k) raw.b[at + k] = static_cast<uint8_t>(v >> (8 * k));
+    for (size_t k = 0; k < width && at + k < raw.b.size(); ++k)
+      raw.b[at + k] = static_cast<uint8_t>(v >> (8 * k));
   }
   try {
     const Reader r = Reader::from_bytes(raw.b, "fuzz.gguf");
-    for (const TensorInfo& t : r.tensors()) RC_ASSERT(r.data_offset() + t.offset + t.nbytes <= size);
+    for (const TensorInfo& t : r.tensors())
+      RC_ASSERT(r.data_offset() + t.offset + t.nbytes <= size);
   } catch (const InputError& e) {
     RC_ASSERT(std::string(e.what()).rfind("fuzz.gguf: offset ", 0) == 0);
   }
@@ -350,7 +399,8 @@ Value random_scalar(ValueType t, Rng& rng) {
   v.type = t;
   if (t == ValueType::kString) {
     const size_t n = rng.next() % 12;
-    for (size_t i = 0; i < n; ++i) v.str.push_back(static_cast<char>(rng.next()));  // any bytes, NUL too
+    for (size_t i = 0; i < n; ++i)
+      v.str.push_back(static_cast<char>(rng.next()));  // any bytes, NUL too
   } else if (t == ValueType::kBool) {
     v.bits = rng.next() & 1;
   } else {
@@ -387,7 +437,8 @@ RC_GTEST_PROP(GgufRoundTrip, WriteThenReadIsIdentity, ()) {
     } else {
       v = random_scalar(t, rng);
     }
-    const std::string key = "k" + std::to_string(i) + "." + random_scalar(ValueType::kString, rng).str;
+    const std::string key =
+        "k" + std::to_string(i) + "." + random_scalar(ValueType::kString, rng).str;
     w.set(key, v);
     expect_kvs.push_back({key, v, 0});
   }

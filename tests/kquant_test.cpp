@@ -53,8 +53,10 @@ TEST(Quantize, GgmlTotalError_cos4096) {
   quantize_row_q3_K_ref(x.data(), b3.data(), n);
   dequantize_row_q3_K(b3.data(), y.data(), n);
   const double e3 = total_error(x, y);
-  std::printf("ggml total error (sqrt(sum d^2)/n, n = 4096): Q2_K %.6f (max 0.0075), "
-              "Q3_K %.6f (max 0.0040)\n", e2, e3);
+  std::printf(
+      "ggml total error (sqrt(sum d^2)/n, n = 4096): Q2_K %.6f (max 0.0075), "
+      "Q3_K %.6f (max 0.0040)\n",
+      e2, e3);
   EXPECT_LE(e2, 0.0075);
   EXPECT_LE(e3, 0.0040);
 }
@@ -82,17 +84,17 @@ TEST(Quantize, MatchesGgmlBytes_lcg4096) {
 // ---- generators ----
 
 enum class RowKind {
-  kUniform,          // one exponent per block
-  kSubBlockScales,   // each sub-block its own exponent: wide range, many zero-scale sub-blocks
+  kUniform,         // one exponent per block
+  kSubBlockScales,  // each sub-block its own exponent: wide range, many zero-scale sub-blocks
   kConstant,
-  kZero,             // +0 and -0
-  kOutlier,          // small values and one element 2^10 larger
-  kTiny,             // |x| < 2^-22: d and dmin land in or below the f16 subnormals
-  kAlternating,      // signs alternate
-  kTies,             // (k + 1/2) 2^E: quotients on rounding ties
-  kSparse,           // about one value in eight nonzero
-  kAllPositive,      // Q2_K's min clamps to 0
-  kSmallIntegers,    // k 2^E, k in [-4, 3]: exact Q3_K grids
+  kZero,           // +0 and -0
+  kOutlier,        // small values and one element 2^10 larger
+  kTiny,           // |x| < 2^-22: d and dmin land in or below the f16 subnormals
+  kAlternating,    // signs alternate
+  kTies,           // (k + 1/2) 2^E: quotients on rounding ties
+  kSparse,         // about one value in eight nonzero
+  kAllPositive,    // Q2_K's min clamps to 0
+  kSmallIntegers,  // k 2^E, k in [-4, 3]: exact Q3_K grids
 };
 constexpr int kRowKinds = 11;
 
@@ -103,7 +105,8 @@ float mantissa_value(int m, int e) { return std::ldexp(static_cast<float>(m), e 
 void draw_block(float* x) {
   const auto kind = static_cast<RowKind>(*rc::gen::inRange(0, kRowKinds));
   const int e = *rc::gen::inRange(-12, 13);
-  const auto m = *rc::gen::container<std::vector<int>>(256, rc::gen::inRange(-(1 << 23), (1 << 23) + 1));
+  const auto m =
+      *rc::gen::container<std::vector<int>>(256, rc::gen::inRange(-(1 << 23), (1 << 23) + 1));
   switch (kind) {
     case RowKind::kUniform:
       for (int i = 0; i < 256; ++i) x[i] = mantissa_value(m[i], e);
@@ -122,14 +125,16 @@ void draw_block(float* x) {
     case RowKind::kOutlier: {
       const int at = *rc::gen::inRange(0, 256);
       for (int i = 0; i < 256; ++i) x[i] = mantissa_value(m[i], std::min(e, 0) - 10);
-      x[at] = mantissa_value(m[at] >= 0 ? m[at] | (1 << 22) : m[at] & ~(1 << 22), std::min(e, 0) + 1);
+      x[at] =
+          mantissa_value(m[at] >= 0 ? m[at] | (1 << 22) : m[at] & ~(1 << 22), std::min(e, 0) + 1);
       break;
     }
     case RowKind::kTiny:
       for (int i = 0; i < 256; ++i) x[i] = mantissa_value(m[i], *rc::gen::inRange(-40, -21));
       break;
     case RowKind::kAlternating:
-      for (int i = 0; i < 256; ++i) x[i] = (i & 1 ? -1.f : 1.f) * std::fabs(mantissa_value(m[i], e));
+      for (int i = 0; i < 256; ++i)
+        x[i] = (i & 1 ? -1.f : 1.f) * std::fabs(mantissa_value(m[i], e));
       break;
     case RowKind::kTies:
       for (int i = 0; i < 256; ++i) x[i] = std::ldexp(static_cast<float>(m[i] % 5) + 0.5f, e - 3);
@@ -141,7 +146,8 @@ void draw_block(float* x) {
       for (int i = 0; i < 256; ++i) x[i] = std::fabs(mantissa_value(m[i], e)) + std::ldexp(1.f, e);
       break;
     case RowKind::kSmallIntegers:
-      for (int i = 0; i < 256; ++i) x[i] = std::ldexp(static_cast<float>(m[i] % 8 > 3 ? m[i] % 8 - 8 : m[i] % 8), e - 3);
+      for (int i = 0; i < 256; ++i)
+        x[i] = std::ldexp(static_cast<float>(m[i] % 8 > 3 ? m[i] % 8 - 8 : m[i] % 8), e - 3);
       break;
   }
 }
@@ -276,7 +282,8 @@ RC_GTEST_PROP(Quantize, Q3K_NearestGridPointAndValid, ()) {
         const double xv = x[256 * i + e], yv = y[256 * i + e];
         amax = std::max(amax, std::fabs(xv));
         if (dj != 0.f) {
-          RC_ASSERT(std::fabs(xv - yv) <= q3_nearest_grid_error(xv, dj) + std::ldexp(std::fabs(xv), -23));
+          RC_ASSERT(std::fabs(xv - yv) <=
+                    q3_nearest_grid_error(xv, dj) + std::ldexp(std::fabs(xv), -23));
         }
       }
       if (d == 0.f) RC_ASSERT(amax <= std::ldexp(1.0, -14) * slack);
@@ -305,7 +312,8 @@ RC_GTEST_PROP(Quantize, Q3K_RoundTripOfExactGrids_scale_m32, ()) {
   b.d = d;  // scales bytes stay zero: every code is 0, every scale -32
   for (int e = 0; e < 256; ++e) {
     const int v = e % 16 == at[e / 16] ? 0 : lq[e];  // stored Lq = l + 4; Lq 0 is l = -4
-    b.qs[32 * (e / 128) + e % 32] = static_cast<uint8_t>(b.qs[32 * (e / 128) + e % 32] | ((v & 3) << (2 * ((e / 32) % 4))));
+    b.qs[32 * (e / 128) + e % 32] =
+        static_cast<uint8_t>(b.qs[32 * (e / 128) + e % 32] | ((v & 3) << (2 * ((e / 32) % 4))));
     if (v >= 4) b.hmask[e % 32] = static_cast<uint8_t>(b.hmask[e % 32] | (1u << (e / 32)));
   }
   float y[256];
@@ -323,8 +331,8 @@ RC_GTEST_PROP(Quantize, Q3K_RoundTripOfExactGrids_scale_m32, ()) {
 TEST(Quantize, NaNInputIsContained) {
   std::vector<float> x(256), y(256);
   for (int i = 0; i < 256; ++i) x[i] = std::ldexp(static_cast<float>((i * 37) % 101 - 50), -5);
-  x[5] = std::nanf("");    // sub-block 0, not first
-  x[32] = std::nanf("");   // sub-block 2, first
+  x[5] = std::nanf("");   // sub-block 0, not first
+  x[32] = std::nanf("");  // sub-block 2, first
   BlockQ2K b2;
   quantize_row_q2_K_ref(x.data(), &b2, 256);
   dequantize_row_q2_K(&b2, y.data(), 256);

@@ -79,7 +79,8 @@ void expect_plan_rules(const Routing& r, int64_t E, const LayerPlan& p) {
         ASSERT_EQ(pair, g.y_row[j - 1] + 1);
       }
       const int64_t end = g.slot + 1 < U ? p.first_pair[g.slot + 1] : P;
-      ASSERT_TRUE(pair >= p.first_pair[g.slot] && pair < end) << "group " << i << " leaves its expert";
+      ASSERT_TRUE(pair >= p.first_pair[g.slot] && pair < end)
+          << "group " << i << " leaves its expert";
     }
   }
   for (int64_t i = 0; i < P; ++i) ASSERT_EQ(seen[i], 1) << "pair " << i;
@@ -90,10 +91,12 @@ void expect_plan_rules(const Routing& r, int64_t E, const LayerPlan& p) {
     for (int64_t k = 0; k < K; ++k) {
       const int32_t pair = p.acc_rows[t * K + k];
       ASSERT_EQ(p.pair_token[pair], t);
-      const int64_t u = std::upper_bound(p.first_pair.begin(), p.first_pair.end(), pair) - p.first_pair.begin() - 1;
+      const int64_t u = std::upper_bound(p.first_pair.begin(), p.first_pair.end(), pair) -
+                        p.first_pair.begin() - 1;
       ASSERT_GT(p.experts[u], last) << "token " << t << ": not ascending expert id";
       last = p.experts[u];
-      ASSERT_EQ(f32_bits(p.acc_weights[t * K + k]), f32_bits(want.at({last, static_cast<int32_t>(t)})));
+      ASSERT_EQ(f32_bits(p.acc_weights[t * K + k]),
+                f32_bits(want.at({last, static_cast<int32_t>(t)})));
     }
   }
   (void)E;
@@ -102,10 +105,12 @@ void expect_plan_rules(const Routing& r, int64_t E, const LayerPlan& p) {
 TEST(LayerPlan, RandomRoutings_T1to70_matchTheRules) {
   for (uint64_t seed = 1; seed <= 60; ++seed) {
     emutest::Gen g(seed * 7919);
-    const int64_t E = 4 + g.u32() % 60, K = 1 + g.u32() % std::min<int64_t>(E, 8), T = 1 + g.u32() % 70;
-    const Routing r = random_routing(g, T, K, E, seed % 4 == 0 ? static_cast<int64_t>(g.u32() % E) : -1);
-    SCOPED_TRACE("seed " + std::to_string(seed) + " T " + std::to_string(T) + " K " + std::to_string(K) + " E " +
-                 std::to_string(E));
+    const int64_t E = 4 + g.u32() % 60, K = 1 + g.u32() % std::min<int64_t>(E, 8),
+                  T = 1 + g.u32() % 70;
+    const Routing r =
+        random_routing(g, T, K, E, seed % 4 == 0 ? static_cast<int64_t>(g.u32() % E) : -1);
+    SCOPED_TRACE("seed " + std::to_string(seed) + " T " + std::to_string(T) + " K " +
+                 std::to_string(K) + " E " + std::to_string(E));
     expect_plan_rules(r, E, build_layer_plan(r, E));
   }
 }
@@ -172,14 +177,17 @@ TEST(LayerPlan, BadRoutingsNameTheToken) {
     (void)build_layer_plan(r, 4);
     FAIL() << "no InputError";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("token 1 picks expert 3 twice"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("token 1 picks expert 3 twice"), std::string::npos)
+        << e.what();
   }
   r.ids = {0, 1, 2, 4};
   try {
     (void)build_layer_plan(r, 4);
     FAIL() << "no InputError";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("token 1 picks expert 4, outside [0, 4)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("token 1 picks expert 4, outside [0, 4)"),
+              std::string::npos)
+        << e.what();
   }
 }
 

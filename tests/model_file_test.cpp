@@ -14,25 +14,26 @@
 #include <optional>
 
 #include "core/error.h"
-#include "tests/expect_error.h"
 #include "golden/generator.h"
 #include "golden/model_file.h"
 #include "golden/sha256.h"
+#include "tests/expect_error.h"
 
 namespace moecheck {
 namespace {
 
 std::string temp_path(const std::string& tag) {
   static int n = 0;
-  return std::string(MOECHECK_BINARY_DIR) + "/model_file_test-" + std::to_string(::getpid()) + "-" + tag + "-" +
-         std::to_string(n++) + ".gguf";
+  return std::string(MOECHECK_BINARY_DIR) + "/model_file_test-" + std::to_string(::getpid()) + "-" +
+         tag + "-" + std::to_string(n++) + ".gguf";
 }
 
 using testutil::expect_error;
 
 TEST(Sha256, FipsVectors) {
   EXPECT_EQ(sha256_hex("", 0), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  EXPECT_EQ(sha256_hex("abc", 3), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha256_hex("abc", 3),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   const std::string two_blocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
   EXPECT_EQ(sha256_hex(two_blocks.data(), two_blocks.size()),
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
@@ -83,17 +84,20 @@ void check_round_trip(const GenOptions& o, const std::string& name) {
     const LayerWeights g = generate_layer(o, L);
     const std::string ctx = name + " layer " + std::to_string(L);
     EXPECT_EQ(f.layer, L);
-    expect_same_bytes(reinterpret_cast<const uint8_t*>(f.router), reinterpret_cast<const uint8_t*>(g.router),
-                      c.n_routed * c.dim * 2, ctx + " router");
-    expect_same_bytes(reinterpret_cast<const uint8_t*>(f.bias), reinterpret_cast<const uint8_t*>(g.bias),
-                      c.n_routed * 4, ctx + " bias");
-    for (auto [fs, gs, tag] : {std::tuple{f.gate_exps, g.gate_exps, "gate"}, std::tuple{f.up_exps, g.up_exps, "up"},
-                               std::tuple{f.down_exps, g.down_exps, "down"}}) {
+    expect_same_bytes(reinterpret_cast<const uint8_t*>(f.router),
+                      reinterpret_cast<const uint8_t*>(g.router), c.n_routed * c.dim * 2,
+                      ctx + " router");
+    expect_same_bytes(reinterpret_cast<const uint8_t*>(f.bias),
+                      reinterpret_cast<const uint8_t*>(g.bias), c.n_routed * 4, ctx + " bias");
+    for (auto [fs, gs, tag] :
+         {std::tuple{f.gate_exps, g.gate_exps, "gate"}, std::tuple{f.up_exps, g.up_exps, "up"},
+          std::tuple{f.down_exps, g.down_exps, "down"}}) {
       EXPECT_EQ(fs.type, gs.type);
       EXPECT_EQ(fs.rows, gs.rows);
       EXPECT_EQ(fs.cols, gs.cols);
       EXPECT_EQ(fs.n_experts, c.n_routed);
-      expect_same_bytes(fs.data, gs.data, c.n_routed * fs.expert_stride(), ctx + " " + tag + "_exps");
+      expect_same_bytes(fs.data, gs.data, c.n_routed * fs.expert_stride(),
+                        ctx + " " + tag + "_exps");
     }
     for (auto [fs, gs, tag] : {std::tuple{f.shared_gate, g.shared_gate, "gate"},
                                std::tuple{f.shared_up, g.shared_up, "up"},
@@ -104,7 +108,8 @@ void check_round_trip(const GenOptions& o, const std::string& name) {
       expect_same_bytes(fs.data, gs.data, fs.rows * fs.row_stride(), ctx + " shared " + tag);
     }
   }
-  expect_error([&] { m.layer(o.n_layers); }, {"layer " + std::to_string(o.n_layers) + " out of range"}, name);
+  expect_error([&] { m.layer(o.n_layers); },
+               {"layer " + std::to_string(o.n_layers) + " out of range"}, name);
 }
 
 TEST(ModelFile, RoundTrip_tiny_quantized_bf16shared_seed3) {
@@ -179,10 +184,13 @@ std::string write_variant(const Variant& v, const std::string& tag) {
   if (v.leading_pad > 0) w.add_tensor({"pad", 24, {v.leading_pad}, 0, zero});
   for (const LayerTensor t : kLayerTensors) {
     const std::string name = tensor_name(0, t);
-    if (std::find(v.dropped_tensors.begin(), v.dropped_tensors.end(), name) != v.dropped_tensors.end()) continue;
+    if (std::find(v.dropped_tensors.begin(), v.dropped_tensors.end(), name) !=
+        v.dropped_tensors.end())
+      continue;
     const TensorShape s = expected_tensor(small_config(), t, SharedExpertType::kBF16);
     gguf::TensorSpec spec{name, static_cast<uint32_t>(s.type), s.ne, 0, zero};
-    if (const auto it = v.tensors.find(name); it != v.tensors.end()) spec.type = it->second.first, spec.ne = it->second.second;
+    if (const auto it = v.tensors.find(name); it != v.tensors.end())
+      spec.type = it->second.first, spec.ne = it->second.second;
     w.add_tensor(spec);
   }
   const std::string path = temp_path(tag);
@@ -190,13 +198,15 @@ std::string write_variant(const Variant& v, const std::string& tag) {
   return path;
 }
 
-void expect_open_error(const Variant& v, const std::string& tag, std::initializer_list<std::string> parts) {
+void expect_open_error(const Variant& v, const std::string& tag,
+                       std::initializer_list<std::string> parts) {
   const std::string path = write_variant(v, tag);
   expect_error([&] { ModelFile::open(path); }, parts, tag);
   std::remove(path.c_str());
 }
 
-void expect_layer_error(const Variant& v, const std::string& tag, std::initializer_list<std::string> parts) {
+void expect_layer_error(const Variant& v, const std::string& tag,
+                        std::initializer_list<std::string> parts) {
   const std::string path = write_variant(v, tag);
   const ModelFile m = ModelFile::open(path);
   std::remove(path.c_str());
@@ -218,8 +228,9 @@ TEST(ModelFile, MetadataErrorsNameFileAndKey) {
   using namespace gguf;
   expect_open_error(with_meta(keys::kNRouted, std::nullopt), "missing_key",
                     {"metadata key \"deepseek2.expert_count\" (uint32) is missing"});
-  expect_open_error(with_meta(keys::kNRouted, make_int32(4)), "int32_count",
-                    {"metadata key \"deepseek2.expert_count\" at offset", "expected uint32, found int32 4"});
+  expect_open_error(
+      with_meta(keys::kNRouted, make_int32(4)), "int32_count",
+      {"metadata key \"deepseek2.expert_count\" at offset", "expected uint32, found int32 4"});
   expect_open_error(with_meta(keys::kNormTopk, make_uint8(1)), "uint8_bool",
                     {"\"deepseek2.expert_weights_norm\"", "expected bool, found uint8 1"});
   expect_open_error(with_meta(keys::kRouteScale, make_float64(1.5)), "f64_scale",
@@ -230,14 +241,17 @@ TEST(ModelFile, MetadataErrorsNameFileAndKey) {
                     {"\"moecheck.swiglu_limit\" (float32) is missing"});
   expect_open_error(with_meta(keys::kArchitecture, make_string("llama")), "arch",
                     {"expected \"deepseek2\", found \"llama\""});
-  expect_open_error(with_meta(keys::kBlockCount, make_uint32(0)), "no_layers", {"at least 1 layer, found 0"});
+  expect_open_error(with_meta(keys::kBlockCount, make_uint32(0)), "no_layers",
+                    {"at least 1 layer, found 0"});
   expect_open_error(with_meta(keys::kGatingFunc, make_uint32(2)), "gating",
                     {"\"deepseek2.expert_gating_func\" = 2", "disagrees", "\"sqrtsoftplus\""});
   // Configs that cannot work: MoeConfig::validate names the field.
   expect_open_error(with_meta(keys::kTopk, make_uint32(5)), "topk", {"config field topk"});
   expect_open_error(with_meta(keys::kDim, make_uint32(300)), "dim300", {"config field dim"});
-  expect_open_error(with_meta(keys::kNShared, make_uint32(2)), "shared2", {"config field n_shared"});
-  expect_open_error(with_meta(keys::kGateTemp, make_float32(0.0f)), "temp0", {"config field gate_temp"});
+  expect_open_error(with_meta(keys::kNShared, make_uint32(2)), "shared2",
+                    {"config field n_shared"});
+  expect_open_error(with_meta(keys::kGateTemp, make_float32(0.0f)), "temp0",
+                    {"config field gate_temp"});
   expect_open_error(with_meta(keys::kGenSeed, make_uint64(1)), "half_provenance",
                     {"\"moecheck.generator.preset\" (string) is missing"});
 }
@@ -248,7 +262,8 @@ TEST(ModelFile, TensorErrorsNameFileAndTensor) {
   expect_layer_error(with_tensor("blk.0.ffn_gate_exps.weight", 11, {256, 256, 4}), "wrong_type",
                      {"tensor \"blk.0.ffn_gate_exps.weight\": type Q3_K, expected Q2_K"});
   expect_layer_error(with_tensor("blk.0.ffn_down_exps.weight", 11, {256, 256, 3}), "wrong_shape",
-                     {"tensor \"blk.0.ffn_down_exps.weight\": ne [256, 256, 3] (ggml order), expected [256, 256, 4]"});
+                     {"tensor \"blk.0.ffn_down_exps.weight\": ne [256, 256, 3] (ggml order), "
+                      "expected [256, 256, 4]"});
   expect_layer_error(with_tensor("blk.0.ffn_gate_inp.weight", 0, {256, 4}), "router_f32",
                      {"\"blk.0.ffn_gate_inp.weight\": type F32, expected BF16"});
   expect_layer_error(with_tensor("blk.0.exp_probs_b.bias", 0, {4, 1}), "bias_2d",
@@ -285,7 +300,8 @@ TEST(ModelFile, MisalignedViewIsAnError_alignment1) {
   const uint64_t router_at = gguf::Reader::open(path0).data_offset() + 1;
   std::remove(path0.c_str());
   if (router_at % 2 == 0) v.leading_pad = 2;
-  expect_layer_error(v, "align1", {"\"blk.0.ffn_gate_inp.weight\": data at file offset", "is not 2-byte aligned"});
+  expect_layer_error(
+      v, "align1", {"\"blk.0.ffn_gate_inp.weight\": data at file offset", "is not 2-byte aligned"});
 }
 
 }  // namespace

@@ -37,7 +37,8 @@ uint16_t round_by_distance(double x, ValueFn value, uint16_t max_finite, uint16_
   uint16_t lo = 0, hi = max_finite;  // largest code with value <= a
   while (lo < hi) {
     const uint16_t mid = static_cast<uint16_t>((lo + hi + 1) / 2);
-    if (value(mid) <= a) lo = mid; else hi = static_cast<uint16_t>(mid - 1);
+    if (value(mid) <= a) lo = mid;
+    else hi = static_cast<uint16_t>(mid - 1);
   }
   if (lo == max_finite) return sign | lo;
   const double dlo = a - value(lo), dhi = value(static_cast<uint16_t>(lo + 1)) - a;
@@ -74,7 +75,8 @@ TEST(Numfmt, F16AllPatternsRoundTrip) {
     const bool nan = ((b & 0x7C00) == 0x7C00) && (b & 0x3FF);
     if (nan) {
       ASSERT_TRUE(std::isnan(f)) << "f16 0x" << std::hex << h;
-      EXPECT_EQ(f32_to_f16(f), b | 0x0200) << "NaN quieted, sign and payload kept: 0x" << std::hex << h;
+      EXPECT_EQ(f32_to_f16(f), b | 0x0200)
+          << "NaN quieted, sign and payload kept: 0x" << std::hex << h;
       continue;
     }
     if ((b & 0x7FFF) != 0x7C00) {
@@ -106,15 +108,18 @@ TEST(Numfmt, F32SweepAgainstIndependentRounding) {
   };
   for (uint64_t u = 0; u < (1ull << 32); u += 65521) check(bits_f32(static_cast<uint32_t>(u)));
   for (uint32_t h = 0; h < 0x7F7F; ++h) {  // bf16 ties: exact midpoints are representable in f32
-    const float mid = static_cast<float>((bf16_value(static_cast<uint16_t>(h)) + bf16_value(static_cast<uint16_t>(h + 1))) / 2);
+    const float mid = static_cast<float>(
+        (bf16_value(static_cast<uint16_t>(h)) + bf16_value(static_cast<uint16_t>(h + 1))) / 2);
     for (float f : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e30f), -mid}) check(f);
   }
   for (uint32_t h = 0; h < 0x7BFF; ++h) {  // f16 ties, subnormal ones included
-    const float mid = static_cast<float>((f16_value(static_cast<uint16_t>(h)) + f16_value(static_cast<uint16_t>(h + 1))) / 2);
+    const float mid = static_cast<float>(
+        (f16_value(static_cast<uint16_t>(h)) + f16_value(static_cast<uint16_t>(h + 1))) / 2);
     for (float f : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e30f), -mid}) check(f);
   }
   // Overflow boundaries: 65520 is the f16 tie between 65504 and Inf.
-  for (float f : {65504.0f, 65519.996f, 65520.0f, 3.3961776e38f, std::numeric_limits<float>::max()}) check(f);
+  for (float f : {65504.0f, 65519.996f, 65520.0f, 3.3961776e38f, std::numeric_limits<float>::max()})
+    check(f);
   std::printf("checked %llu finite f32 inputs\n", static_cast<unsigned long long>(checked));
   EXPECT_GT(checked, 300000u);
 }

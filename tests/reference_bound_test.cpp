@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/numfmt.h"
 #include "core/kquant.h"
+#include "core/numfmt.h"
 #include "reference/moe.h"
 #include "tests/reference_layer.h"
 
@@ -39,13 +39,14 @@ using ref::Precision;
 //           softmax      s (exp(2 max delta) (1 + eval) - 1)  (eval: routing_test's bound)
 //           plus the absolute floors of routing_test (underflow); key: + u (|s| + e_s + |bias|)
 //  weights  relative (1+r_i)(1+u)^2 / (1 - t) - 1, t = (1 + (1+r_max)(1+g(k-1)) - 1)(1+u) - 1
-//           when renormalised (routing_test's derivation with perturbed scores), else (1+r_i)(1+u)-1
+//           when renormalised (routing_test's derivation with perturbed scores), else
+//           (1+r_i)(1+u)-1
 //  gate, up e = g(dim) G + b (|g| + g(dim) G) + eta_b, G = sum|W x| (f32 products round too)
 //  clamps   1-Lipschitz: errors pass unchanged
 //  silu     1.1 e_g (max |silu'| = 1.0998) + 6u (|silu| + 1.1 e_g) (f32 exp within 2 ulp, +, /)
-//  h0, h1   products: e_a |b~| + |a| e_b + u |a~ b~| with a~ = |a| + e_a; h = bf16(h1): + b (|h1| + e)
-//  down     sum|W2| e_h + g(inter) sum|W2| (|h| + e_h), then bf16: + b (|d| + e)
-//  acc      sum of the k + 1 terms' errors + g(k + 1) sum (|d| + e_d);  output: + b (|y| + e_acc)
+//  h0, h1   products: e_a |b~| + |a| e_b + u |a~ b~| with a~ = |a| + e_a; h = bf16(h1): + b (|h1| +
+//  e) down     sum|W2| e_h + g(inter) sum|W2| (|h| + e_h), then bf16: + b (|d| + e) acc      sum of
+//  the k + 1 terms' errors + g(k + 1) sum (|d| + e_d);  output: + b (|y| + e_acc)
 // The test's f64 values differ from the truth by ~dim 2^-53 of the same magnitudes, under 2^-20 of
 // each bound, so every comparison allows bound * (1 + 2^-20). Tokens whose model and exact pick
 // sets differ are flips: allowed only when every swapped pair's exact key margin is within the
@@ -76,8 +77,8 @@ const ExpertTaps* find_taps(const LayerTaps& t, int32_t e) {
   return nullptr;
 }
 
-void check_model_vs_exact(const std::string& name, const OwnedLayer& L, const std::vector<uint16_t>& xb,
-                          int64_t T, BoundReport& rep) {
+void check_model_vs_exact(const std::string& name, const OwnedLayer& L,
+                          const std::vector<uint16_t>& xb, int64_t T, BoundReport& rep) {
   const LayerWeights w = L.view();
   const MoeConfig& c = w.config;
   const int64_t D = c.dim, I = c.inter, E = c.n_routed, K = c.topk;
@@ -93,7 +94,8 @@ void check_model_vs_exact(const std::string& name, const OwnedLayer& L, const st
   };
   std::vector<double> x(xb.size());
   for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_f32(xb[i]);
-  const std::vector<double> WR = deq(MatView{GgmlType::kBF16, E, D, reinterpret_cast<const uint8_t*>(w.router)});
+  const std::vector<double> WR =
+      deq(MatView{GgmlType::kBF16, E, D, reinterpret_cast<const uint8_t*>(w.router)});
   std::vector<double> z(static_cast<size_t>(T * E)), Z(z.size());
   for (int64_t t = 0; t < T; ++t)
     for (int64_t e = 0; e < E; ++e)
@@ -127,7 +129,8 @@ void check_model_vs_exact(const std::string& name, const OwnedLayer& L, const st
       m = std::max(m, l / temp);
     }
     double worst = 0;
-    for (int64_t e = 0; e < E; ++e) worst = std::max(worst, kU * (std::fabs(z[t * E + e] / temp - m) + 2 * dmax) + 4 * kU);
+    for (int64_t e = 0; e < E; ++e)
+      worst = std::max(worst, kU * (std::fabs(z[t * E + e] / temp - m) + 2 * dmax) + 4 * kU);
     for (int64_t e = 0; e < E; ++e) {
       const double s = rx.scores[t * E + e];
       if (c.score_func == ScoreFunc::kSqrtSoftplus) {
@@ -151,9 +154,11 @@ void check_model_vs_exact(const std::string& name, const OwnedLayer& L, const st
       ++rep.flips;
       for (int32_t a : pm)
         for (int32_t bb : px)
-          if (!std::binary_search(px.begin(), px.end(), a) && !std::binary_search(pm.begin(), pm.end(), bb)) {
+          if (!std::binary_search(px.begin(), px.end(), a) &&
+              !std::binary_search(pm.begin(), pm.end(), bb)) {
             EXPECT_LE(key[bb] - key[a], (ekey[a] + ekey[bb]) * slack)
-                << name << tok << ": routing flip (model picked " << a << ", exact " << bb << ") not explained";
+                << name << tok << ": routing flip (model picked " << a << ", exact " << bb
+                << ") not explained";
           }
       continue;
     }
@@ -170,8 +175,9 @@ void check_model_vs_exact(const std::string& name, const OwnedLayer& L, const st
         rw = (1 + ri) * (1 + kU) * (1 + kU) / (1 - tau) - 1;
       }
       const double ew = rw * std::fabs(wx) + K * 0x1p-149 * R;
-      const int64_t jm = std::find(tm.topk_ids.begin() + t * K, tm.topk_ids.begin() + (t + 1) * K, e) -
-                         (tm.topk_ids.begin() + t * K);
+      const int64_t jm =
+          std::find(tm.topk_ids.begin() + t * K, tm.topk_ids.begin() + (t + 1) * K, e) -
+          (tm.topk_ids.begin() + t * K);
       check(tm.topk_weights[t * K + jm], wx, ew, "weight" + tok + " expert " + std::to_string(e));
       picks.push_back({e, {wx, ew}});
     }
@@ -206,12 +212,14 @@ void check_model_vs_exact(const std::string& name, const OwnedLayer& L, const st
         const double S = g / (1 + std::exp(-g));
         const double eS = 1.1 * eg + 6 * kU * (std::fabs(S) + 1.1 * eg) + 0x1p-120;
         const double h0 = S * u;
-        const double eh0 = eS * (std::fabs(u) + eu) + std::fabs(S) * eu + kU * (std::fabs(S) + eS) * (std::fabs(u) + eu) + kEtaF;
+        const double eh0 = eS * (std::fabs(u) + eu) + std::fabs(S) * eu +
+                           kU * (std::fabs(S) + eS) * (std::fabs(u) + eu) + kEtaF;
         double eh1 = eh0;
         h1[j] = h0;
         if (e >= 0) {
           h1[j] = wx * h0;
-          eh1 = ew * (std::fabs(h0) + eh0) + wx * eh0 + kU * (wx + ew) * (std::fabs(h0) + eh0) + kEtaF;
+          eh1 = ew * (std::fabs(h0) + eh0) + wx * eh0 + kU * (wx + ew) * (std::fabs(h0) + eh0) +
+                kEtaF;
         }
         check(tp->h[row * I + j], h1[j], eh1, "h" + ex + " row " + std::to_string(j));
         eh[j] = eh1 + kB * (std::fabs(h1[j]) + eh1) + kEtaB;
@@ -273,8 +281,8 @@ TEST_P(ReferenceModelVsExact, WithinThePropagatedBound) {
   const std::vector<uint16_t> x = random_x(bc.seed + 1000, T * c.dim);
   BoundReport rep;
   check_model_vs_exact(bc.name, L, x, T, rep);
-  std::printf("%s: flips %d of %lld tokens, NMSE %.3g, max |err| / bound %.3g\n", bc.name, rep.flips,
-              static_cast<long long>(T), rep.err2 / rep.ref2, rep.worst);
+  std::printf("%s: flips %d of %lld tokens, NMSE %.3g, max |err| / bound %.3g\n", bc.name,
+              rep.flips, static_cast<long long>(T), rep.err2 / rep.ref2, rep.worst);
   // Not vacuous: a bound a hundred times above the largest observed error could not catch a bug
   // the size of one bf16 rounding. (Observed 0.05 to 0.1 for these seeds: the bound adds every
   // intermediate rounding at its worst, the errors themselves partly cancel.)
@@ -284,11 +292,16 @@ TEST_P(ReferenceModelVsExact, WithinThePropagatedBound) {
 INSTANTIATE_TEST_SUITE_P(
     Configs, ReferenceModelVsExact,
     ::testing::Values(
-        BoundCase{"T8_E16_K4_dim512_inter256_sqrtsoftplus_L4_seed1", ScoreFunc::kSqrtSoftplus, 1, 3.0f, GgmlType::kBF16, 1.0f, true, 4, 4.0f},
-        BoundCase{"T8_E16_K4_dim512_inter256_sigmoid_kquantshared_L4_seed2", ScoreFunc::kSigmoid, 2, 3.0f, GgmlType::kQ2K, 1.0f, true, 4, 4.0f},
-        BoundCase{"T8_E16_K4_dim512_inter256_softmax_temp2_nonorm_L4_seed3", ScoreFunc::kSoftmax, 3, 3.0f, GgmlType::kBF16, 2.0f, false, 4, 4.0f},
-        BoundCase{"T8_E16_K1_dim512_inter256_sqrtsoftplus_noclamp_seed4", ScoreFunc::kSqrtSoftplus, 4, 1.0f, GgmlType::kBF16, 1.0f, true, 1, 0.0f},
-        BoundCase{"T8_E16_K6_dim512_inter256_sqrtsoftplus_L10_temp0.7_seed5", ScoreFunc::kSqrtSoftplus, 5, 6.0f, GgmlType::kQ2K, 0.7f, true, 6, 10.0f}),
+        BoundCase{"T8_E16_K4_dim512_inter256_sqrtsoftplus_L4_seed1", ScoreFunc::kSqrtSoftplus, 1,
+                  3.0f, GgmlType::kBF16, 1.0f, true, 4, 4.0f},
+        BoundCase{"T8_E16_K4_dim512_inter256_sigmoid_kquantshared_L4_seed2", ScoreFunc::kSigmoid, 2,
+                  3.0f, GgmlType::kQ2K, 1.0f, true, 4, 4.0f},
+        BoundCase{"T8_E16_K4_dim512_inter256_softmax_temp2_nonorm_L4_seed3", ScoreFunc::kSoftmax, 3,
+                  3.0f, GgmlType::kBF16, 2.0f, false, 4, 4.0f},
+        BoundCase{"T8_E16_K1_dim512_inter256_sqrtsoftplus_noclamp_seed4", ScoreFunc::kSqrtSoftplus,
+                  4, 1.0f, GgmlType::kBF16, 1.0f, true, 1, 0.0f},
+        BoundCase{"T8_E16_K6_dim512_inter256_sqrtsoftplus_L10_temp0.7_seed5",
+                  ScoreFunc::kSqrtSoftplus, 5, 6.0f, GgmlType::kQ2K, 0.7f, true, 6, 10.0f}),
     [](const ::testing::TestParamInfo<BoundCase>& i) {
       std::string n = i.param.name;
       std::replace(n.begin(), n.end(), '.', 'p');
@@ -318,7 +331,9 @@ TEST(ReferenceModelVsExactNearTie, FlipsOnlyWithinTheKeyBound_T8_E16_K4_dim512_s
     check_model_vs_exact("T8_E16_K4_dim512_neartie_seed" + std::to_string(seed), L, x, 8, rep);
     flips += rep.flips;
   }
-  std::printf("near-tie seeds 11..14: %d routing flips (each checked against the key error bounds)\n", flips);
+  std::printf(
+      "near-tie seeds 11..14: %d routing flips (each checked against the key error bounds)\n",
+      flips);
 }
 
 }  // namespace

@@ -12,27 +12,29 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/kquant.h"
 #include "core/layer_weights.h"
 #include "core/numfmt.h"
-#include "core/kquant.h"
 #include "reference/moe.h"
 
 namespace moecheck::reftest {
 
-constexpr double kU = 0x1p-24;     // f32 unit roundoff
-constexpr double kB = 0x1p-8;      // bf16 unit roundoff (8-bit significand)
-constexpr double kEtaB = 0x1p-134; // half the smallest bf16 subnormal
-constexpr double kEtaF = 0x1p-150; // half the smallest f32 subnormal
+constexpr double kU = 0x1p-24;      // f32 unit roundoff
+constexpr double kB = 0x1p-8;       // bf16 unit roundoff (8-bit significand)
+constexpr double kEtaB = 0x1p-134;  // half the smallest bf16 subnormal
+constexpr double kEtaF = 0x1p-150;  // half the smallest f32 subnormal
 inline double gam(double n) { return n * kU / (1 - n * kU); }
 
 // ---- A layer built in memory from seeded f32 matrices (owned buffers + a LayerWeights view).
-inline std::vector<uint8_t> encode(GgmlType t, const std::vector<float>& m, int64_t rows, int64_t cols) {
+inline std::vector<uint8_t> encode(GgmlType t, const std::vector<float>& m, int64_t rows,
+                                   int64_t cols) {
   std::vector<uint8_t> out(static_cast<size_t>(rows * row_bytes(t, cols)));
   for (int64_t r = 0; r < rows; ++r) {
     const float* src = m.data() + r * cols;
     uint8_t* dst = out.data() + r * row_bytes(t, cols);
     if (t == GgmlType::kQ2K) quantize_row_q2_K_ref(src, reinterpret_cast<BlockQ2K*>(dst), cols);
-    else if (t == GgmlType::kQ3K) quantize_row_q3_K_ref(src, reinterpret_cast<BlockQ3K*>(dst), cols);
+    else if (t == GgmlType::kQ3K)
+      quantize_row_q3_K_ref(src, reinterpret_cast<BlockQ3K*>(dst), cols);
     else if (t == GgmlType::kF32) std::memcpy(dst, src, sizeof(float) * cols);
     else
       for (int64_t k = 0; k < cols; ++k) {
@@ -117,6 +119,5 @@ inline MoeConfig small_config(ScoreFunc f) {
   c.swiglu_limit = 4.0f;
   return c;
 }
-
 
 }  // namespace moecheck::reftest

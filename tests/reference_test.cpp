@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/numfmt.h"
 #include "core/kquant.h"
+#include "core/numfmt.h"
 #include "reference/moe.h"
 #include "tests/reference_layer.h"
 
@@ -121,7 +121,8 @@ TEST(ReferenceHand, ExactModeIsTheFormulaInF64_T1_E2_K2_dim256_L10) {
   auto silu = [](double g) { return g / (1 + std::exp(-g)); };
   for (int e = 0; e < 2; ++e) {
     const double wt = 1.5 * s[e] / (s[0] + s[1] + 1e-20);
-    const double g = std::min<double>(H.a[e], 10), u = std::max<double>(std::min<double>(H.b[e], 10), -10);
+    const double g = std::min<double>(H.a[e], 10),
+                 u = std::max<double>(std::min<double>(H.b[e], 10), -10);
     terms[e] = H.cc[e] * wt * silu(g) * u;
   }
   terms[2] = H.cs * silu(H.as) * H.bs;
@@ -166,12 +167,14 @@ TEST(Reference, ModelModeRoundsWhereModelPyRounds_T8_E16_K4_dim512_seed7) {
   EXPECT_EQ(tp.input, x);
   EXPECT_EQ(tp.output, y);
   ASSERT_EQ(tp.acc.size(), y.size());
-  for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], f32_to_bf16(tp.acc[i])) << "type_as(x) at " << i;
+  for (size_t i = 0; i < y.size(); ++i)
+    ASSERT_EQ(y[i], f32_to_bf16(tp.acc[i])) << "type_as(x) at " << i;
   int h_not_bf16 = 0;
   std::vector<const ExpertTaps*> all = {&tp.shared};
   for (const auto& e : tp.experts) all.push_back(&e);
   for (const ExpertTaps* e : all) {
-    for (float v : e->gate) ASSERT_TRUE(is_bf16(v)) << "w1 output of expert " << e->expert << " not bf16";
+    for (float v : e->gate)
+      ASSERT_TRUE(is_bf16(v)) << "w1 output of expert " << e->expert << " not bf16";
     for (float v : e->up) ASSERT_TRUE(is_bf16(v)) << "w3 output of expert " << e->expert;
     for (float v : e->down) ASSERT_TRUE(is_bf16(v)) << "w2 output of expert " << e->expert;
     for (float v : e->h) h_not_bf16 += !is_bf16(v);
@@ -179,7 +182,8 @@ TEST(Reference, ModelModeRoundsWhereModelPyRounds_T8_E16_K4_dim512_seed7) {
   // h is tapped before x.to(dtype): most values carry more than 8 significant bits.
   EXPECT_GT(h_not_bf16, 1000);
   // Taps layout: experts ascending, each with its tokens ascending and one weight per token.
-  for (size_t i = 1; i < tp.experts.size(); ++i) EXPECT_LT(tp.experts[i - 1].expert, tp.experts[i].expert);
+  for (size_t i = 1; i < tp.experts.size(); ++i)
+    EXPECT_LT(tp.experts[i - 1].expert, tp.experts[i].expert);
   for (const auto& e : tp.experts) {
     EXPECT_TRUE(std::is_sorted(e.tokens.begin(), e.tokens.end()));
     EXPECT_EQ(e.weights.size(), e.tokens.size());
@@ -203,7 +207,7 @@ TEST(Reference, BatchInvariant_T8_E16_K4_dim512_seed8) {
       const std::vector<double> one = moe.forward_exact(x.data() + t * c.dim, 1);
       for (int64_t i = 0; i < c.dim; ++i)
         ASSERT_EQ(one[i], all[t * c.dim + i]) << "token " << t << " element " << i << " precision "
-                                             << (p == Precision::kModel ? "model" : "exact");
+                                              << (p == Precision::kModel ? "model" : "exact");
     }
   }
 }
@@ -217,7 +221,8 @@ TEST(Reference, WrongShapeIsAnInputErrorNamingTheTensor) {
     MoE moe(w, Precision::kModel);
     FAIL() << "no InputError";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("layer 1: tensor blk.1.ffn_down_exps.weight: expected 16 experts of [512, 256]"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "layer 1: tensor blk.1.ffn_down_exps.weight: expected 16 experts of [512, 256]"),
               std::string::npos)
         << e.what();
   }
@@ -234,7 +239,9 @@ TEST(Reference, NanInputIsARoutingInputError) {
       MoE(w, p).forward(x.data(), 3);
       FAIL() << "no InputError";
     } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find("layer 1 token 2 expert 0: routing key is NaN"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("layer 1 token 2 expert 0: routing key is NaN"),
+                std::string::npos)
+          << e.what();
     }
   }
 }
@@ -248,7 +255,11 @@ RC_GTEST_PROP(Reference, F64ToBf16RoundsOnce, ()) {
   const double mid = a + (b - a) / 2;
   const int which = *rc::gen::inRange(0, 5);
   const double off = std::ldexp(b - a, -*rc::gen::inRange(17, 40));
-  double v = which == 0 ? a : which == 1 ? mid : which == 2 ? mid + off : which == 3 ? mid - off : a + (b - a) * 0.3;
+  double v = which == 0   ? a
+             : which == 1 ? mid
+             : which == 2 ? mid + off
+             : which == 3 ? mid - off
+                          : a + (b - a) * 0.3;
   const bool neg = *rc::gen::arbitrary<bool>();
   uint16_t want;
   if (v - a < b - v) want = lo;
@@ -263,13 +274,14 @@ RC_GTEST_PROP(Reference, F64ToBf16RoundsOnce, ()) {
 }
 
 TEST(Reference, F64ToBf16Specials) {
-  EXPECT_EQ(ref::f64_to_bf16(1.0 + 0x1p-8 + 0x1p-40), 0x3F81);  // f32 would round to the tie, then to 1.0
-  EXPECT_EQ(ref::f64_to_bf16(1.0 + 0x1p-8), 0x3F80);             // a true tie: to even
+  EXPECT_EQ(ref::f64_to_bf16(1.0 + 0x1p-8 + 0x1p-40),
+            0x3F81);                                  // f32 would round to the tie, then to 1.0
+  EXPECT_EQ(ref::f64_to_bf16(1.0 + 0x1p-8), 0x3F80);  // a true tie: to even
   EXPECT_EQ(ref::f64_to_bf16(1e300), 0x7F80);
   EXPECT_EQ(ref::f64_to_bf16(-1e300), 0xFF80);
   EXPECT_EQ(ref::f64_to_bf16(3.3962e38), 0x7F80);  // above the max-to-Inf midpoint 3.39617753e38
   EXPECT_EQ(ref::f64_to_bf16(3.3961e38), 0x7F7F);  // below it: the largest finite bf16
-  EXPECT_EQ(ref::f64_to_bf16(0x1p-140), 0x0000 | 0x0000);   // below half the smallest subnormal: 0
+  EXPECT_EQ(ref::f64_to_bf16(0x1p-140), 0x0000 | 0x0000);  // below half the smallest subnormal: 0
   EXPECT_EQ(ref::f64_to_bf16(0x1p-133), 0x0001);
   EXPECT_TRUE(std::isnan(bf16_to_f32(ref::f64_to_bf16(std::nan("")))));
 }
@@ -282,7 +294,8 @@ RC_GTEST_PROP(Reference, ExactRoutingTwinAgreesWithTheF32Rule, ()) {
   MoeConfig c;
   c.n_routed = *rc::gen::inRange<int64_t>(1, 40);
   c.topk = *rc::gen::inRange<int64_t>(1, std::min<int64_t>(c.n_routed, 8) + 1);
-  c.score_func = *rc::gen::element(ScoreFunc::kSqrtSoftplus, ScoreFunc::kSigmoid, ScoreFunc::kSoftmax);
+  c.score_func =
+      *rc::gen::element(ScoreFunc::kSqrtSoftplus, ScoreFunc::kSigmoid, ScoreFunc::kSoftmax);
   c.norm_topk_prob = *rc::gen::arbitrary<bool>();
   c.route_scale = 1.5f;
   std::vector<float> z(static_cast<size_t>(c.n_routed)), bias(z.size(), 0.0f);
@@ -292,13 +305,17 @@ RC_GTEST_PROP(Reference, ExactRoutingTwinAgreesWithTheF32Rule, ()) {
   const ref::ExactRouting x = ref::route_from_logits_exact(zd.data(), 1, bias.data(), c, 0);
   RC_ASSERT(r.ids == x.ids);
   // softmax: |z - m| <= 10 and n - 1 <= 39 summands: eval <= (10 + 4 + 39 + 1) u, call it 60u.
-  const double es = c.score_func == ScoreFunc::kSoftmax ? 60 * kU : c.score_func == ScoreFunc::kSigmoid ? 6 * kU : 5.01 * kU;
-  const double rw = c.norm_topk_prob && c.topk > 1 ? (1 + es) * (1 + kU) * (1 + kU) / (1 - ((1 + es) * (1 + gam(c.topk - 1)) * (1 + kU) - 1)) - 1
-                                                   : (1 + es) * (1 + kU) - 1;
+  const double es = c.score_func == ScoreFunc::kSoftmax   ? 60 * kU
+                    : c.score_func == ScoreFunc::kSigmoid ? 6 * kU
+                                                          : 5.01 * kU;
+  const double rw = c.norm_topk_prob && c.topk > 1
+                        ? (1 + es) * (1 + kU) * (1 + kU) /
+                                  (1 - ((1 + es) * (1 + gam(c.topk - 1)) * (1 + kU) - 1)) -
+                              1
+                        : (1 + es) * (1 + kU) - 1;
   for (int64_t j = 0; j < c.topk; ++j)
     RC_ASSERT(std::fabs(r.weights[j] - x.weights[j]) <= rw * x.weights[j] + 0x1p-126);
 }
-
 
 }  // namespace
 }  // namespace moecheck

@@ -34,9 +34,9 @@ struct Case {
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& k) {
-  os << "T" << k.tokens << "_E" << k.c.n_routed << "_K" << k.c.topk << "_" << to_string(k.c.score_func)
-     << "_temp" << k.c.gate_temp << "_scale" << k.c.route_scale << (k.c.norm_topk_prob ? "_norm" : "_nonorm")
-     << "_layer" << k.layer;
+  os << "T" << k.tokens << "_E" << k.c.n_routed << "_K" << k.c.topk << "_"
+     << to_string(k.c.score_func) << "_temp" << k.c.gate_temp << "_scale" << k.c.route_scale
+     << (k.c.norm_topk_prob ? "_norm" : "_nonorm") << "_layer" << k.layer;
   return os;
 }
 
@@ -54,8 +54,10 @@ rc::Gen<Case> gen_case(bool allow_softmax = true) {
     k.c.n_routed = *rc::gen::weightedOneOf<int64_t>(
         {{6, rc::gen::inRange<int64_t>(1, 41)}, {1, rc::gen::element<int64_t>(256, 384)}});
     k.c.topk = *rc::gen::inRange<int64_t>(1, std::min<int64_t>(k.c.n_routed, 9) + 1);
-    k.c.score_func = allow_softmax ? *rc::gen::element(ScoreFunc::kSqrtSoftplus, ScoreFunc::kSigmoid, ScoreFunc::kSoftmax)
-                                   : *rc::gen::element(ScoreFunc::kSqrtSoftplus, ScoreFunc::kSigmoid);
+    k.c.score_func =
+        allow_softmax
+            ? *rc::gen::element(ScoreFunc::kSqrtSoftplus, ScoreFunc::kSigmoid, ScoreFunc::kSoftmax)
+            : *rc::gen::element(ScoreFunc::kSqrtSoftplus, ScoreFunc::kSigmoid);
     k.c.gate_temp = *rc::gen::element(1.0f, 0.5f, 1.7f, 3.0f);
     k.c.route_scale = *rc::gen::element(1.0f, 1.5f, 2.5f, 0.75f);
     k.c.norm_topk_prob = *rc::gen::arbitrary<bool>();
@@ -73,7 +75,9 @@ rc::Gen<Case> gen_case(bool allow_softmax = true) {
   });
 }
 
-Routing route(const Case& k) { return route_from_logits(k.logits.data(), k.tokens, k.bias.data(), k.c, k.layer); }
+Routing route(const Case& k) {
+  return route_from_logits(k.logits.data(), k.tokens, k.bias.data(), k.c, k.layer);
+}
 
 // The oracle: a stable sort of all ids by descending key (the seeds' sort_by on 0..n).
 std::vector<int32_t> oracle_picks(const float* scores, const std::vector<float>& bias, int64_t k) {
@@ -82,7 +86,8 @@ std::vector<int32_t> oracle_picks(const float* scores, const std::vector<float>&
   for (size_t e = 0; e < n; ++e) key[e] = scores[e] + bias[e];
   std::vector<int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key[a] > key[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return key[a] > key[b]; });
   order.resize(static_cast<size_t>(k));
   return order;
 }
@@ -112,7 +117,8 @@ TEST(Routing, ExactTiesGoToTheLowerIdAcrossTheBoundary_E8_K3) {
   c.score_func = ScoreFunc::kSigmoid;
   std::vector<float> z = {0, 0.5f, 1, 0, 1, -1, 1, 0};
   std::vector<float> b(8, 0.0f);
-  // sigmoid(0.5) + bias == sigmoid(1) exactly in f32: pick the bias as the f32 difference and check.
+  // sigmoid(0.5) + bias == sigmoid(1) exactly in f32: pick the bias as the f32 difference and
+  // check.
   const float s1 = 1.0f / (1.0f + std::exp(-1.0f)), s05 = 1.0f / (1.0f + std::exp(-0.5f));
   b[1] = s1 - s05;
   ASSERT_EQ(s05 + b[1], s1) << "constructed tie is not exact; choose another bias";
@@ -133,7 +139,8 @@ RC_GTEST_PROP(Routing, RelabellingExpertsRelabelsThePicks, ()) {
   const int64_t n = k.c.n_routed, K = k.c.topk;
   std::vector<int32_t> perm(static_cast<size_t>(n));
   std::iota(perm.begin(), perm.end(), 0);
-  for (int64_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[*rc::gen::inRange<int64_t>(0, i + 1)]);
+  for (int64_t i = n - 1; i > 0; --i)
+    std::swap(perm[i], perm[*rc::gen::inRange<int64_t>(0, i + 1)]);
   RC_LOG() << k << "\n";
   Case p = k;
   for (int64_t e = 0; e < n; ++e) {
@@ -144,7 +151,8 @@ RC_GTEST_PROP(Routing, RelabellingExpertsRelabelsThePicks, ()) {
   for (int64_t t = 0; t < k.tokens; ++t) {
     const float* sa = a.scores.data() + t * n;
     const float* sb = b.scores.data() + t * n;
-    for (int64_t e = 0; e < n; ++e) RC_ASSERT(sb[perm[e]] == sa[e]);  // element-wise score functions
+    for (int64_t e = 0; e < n; ++e)
+      RC_ASSERT(sb[perm[e]] == sa[e]);  // element-wise score functions
     std::vector<float> ka, kb;
     for (int64_t j = 0; j < K; ++j) {
       const int32_t ea = a.ids[t * K + j], eb = b.ids[t * K + j];
@@ -216,7 +224,8 @@ RC_GTEST_PROP(Routing, NanKeyAnywhereIsAnInputErrorNamingLayerTokenExpert, ()) {
   const uint32_t sign = *rc::gen::arbitrary<bool>() ? 0x80000000u : 0u;
   const float nan = bits_f32(sign | 0x7F800000u | payload);
   RC_ASSERT(std::isnan(nan));
-  if (in_bias) k.bias[e] = nan; else k.logits[t * k.c.n_routed + e] = nan;
+  if (in_bias) k.bias[e] = nan;
+  else k.logits[t * k.c.n_routed + e] = nan;
   RC_LOG() << k << " nan in " << (in_bias ? "bias" : "logit") << " t=" << t << " e=" << e << "\n";
   try {
     route(k);
@@ -224,8 +233,8 @@ RC_GTEST_PROP(Routing, NanKeyAnywhereIsAnInputErrorNamingLayerTokenExpert, ()) {
   } catch (const InputError& err) {
     const std::string m = err.what();
     const int64_t tok = in_bias ? 0 : t;  // a NaN bias already fails at the first token
-    const std::string want = "layer " + std::to_string(k.layer) + " token " + std::to_string(tok) + " expert " +
-                             std::to_string(e) + ": routing key is NaN";
+    const std::string want = "layer " + std::to_string(k.layer) + " token " + std::to_string(tok) +
+                             " expert " + std::to_string(e) + ": routing key is NaN";
     RC_LOG() << m << "\n";
     RC_ASSERT(m.find(want) != std::string::npos);
   }
@@ -241,8 +250,9 @@ TEST(Routing, NanMessageFormat_Layer3Token5Expert17) {
     route_from_logits(z.data(), 6, b.data(), c, 3);
     FAIL() << "no InputError";
   } catch (const InputError& err) {
-    EXPECT_EQ(std::string(err.what()),
-              "layer 3 token 5 expert 17: routing key is NaN (logit nan, score nan, bias 0.100000001)");
+    EXPECT_EQ(
+        std::string(err.what()),
+        "layer 3 token 5 expert 17: routing key is NaN (logit nan, score nan, bias 0.100000001)");
   }
 }
 
@@ -267,7 +277,8 @@ TEST(Routing, TopkOutOfRangeIsAnInputError) {
 //  softmax: per term u |z - m| (the rounded subtraction) + 4u (exp); the sum adds the largest of
 //    those plus g(n - 1); the division u. Terms below 2^-126 add 2^-148 absolute.
 double score_f64(ScoreFunc f, double z) {
-  if (f == ScoreFunc::kSqrtSoftplus) return std::sqrt(z > 0 ? z + std::log1p(std::exp(-z)) : std::log1p(std::exp(z)));
+  if (f == ScoreFunc::kSqrtSoftplus)
+    return std::sqrt(z > 0 ? z + std::log1p(std::exp(-z)) : std::log1p(std::exp(z)));
   return 1.0 / (1.0 + std::exp(-z));
 }
 
@@ -276,7 +287,8 @@ RC_GTEST_PROP(Routing, ScoresMatchF64FormulasWithinStatedBounds, ()) {
   // Add values around the softplus threshold, large magnitudes and tiny ones.
   for (float& z : k.logits)
     if (*rc::gen::inRange(0, 4) == 0)
-      z = *rc::gen::element(20.0f, 19.99f, 20.01f, 40.0f, -90.0f, -120.0f, 89.0f, 1e-6f, -1e-30f, 0.0f);
+      z = *rc::gen::element(20.0f, 19.99f, 20.01f, 40.0f, -90.0f, -120.0f, 89.0f, 1e-6f, -1e-30f,
+                            0.0f);
   RC_LOG() << k << "\n";
   const Routing r = route(k);
   const int64_t n = k.c.n_routed;
@@ -295,7 +307,8 @@ RC_GTEST_PROP(Routing, ScoresMatchF64FormulasWithinStatedBounds, ()) {
       const double g = (n - 1) * kU / (1 - (n - 1) * kU);
       for (int64_t e = 0; e < n; ++e) {
         const double ref = std::exp(zf[e] - m) / sum;
-        const double rel = (1 + kU * std::fabs(zf[e] - m) + 4 * kU) * (1 + kU) / ((1 - worst) * (1 - g)) - 1;
+        const double rel =
+            (1 + kU * std::fabs(zf[e] - m) + 4 * kU) * (1 + kU) / ((1 - worst) * (1 - g)) - 1;
         RC_LOG() << "e=" << e << " z=" << zf[e] << " got " << s[e] << " ref " << ref << "\n";
         RC_ASSERT(std::fabs(s[e] - ref) <= rel * ref + 0x1p-148);
       }
@@ -319,7 +332,7 @@ TEST(Routing, SoftplusThresholdIsTorchs) {
   std::vector<float> z = {20.0f, above, 40.0f}, b(3, 0.0f);
   const Routing r = route_from_logits(z.data(), 1, b.data(), c, 0);
   EXPECT_EQ(r.scores[0], std::sqrt(std::log1p(std::exp(20.0f))));  // at 20: the log1p branch
-  EXPECT_EQ(r.scores[1], std::sqrt(above));                       // above: z itself
+  EXPECT_EQ(r.scores[1], std::sqrt(above));                        // above: z itself
   EXPECT_EQ(r.scores[2], std::sqrt(40.0f));
 }
 
@@ -339,7 +352,8 @@ RC_GTEST_PROP(Routing, GateTempDividesTheLogits, ()) {
 // norm_topk_prob off, or topk == 1: the weights are the picked scores times route_scale, exactly.
 RC_GTEST_PROP(Routing, UnnormalisedWeightsAreScaledScores, ()) {
   Case k = *gen_case();
-  if (*rc::gen::arbitrary<bool>()) k.c.norm_topk_prob = false; else k.c.topk = 1;
+  if (*rc::gen::arbitrary<bool>()) k.c.norm_topk_prob = false;
+  else k.c.topk = 1;
   RC_LOG() << k << "\n";
   const Routing r = route(k);
   for (int64_t t = 0; t < k.tokens; ++t)

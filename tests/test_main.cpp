@@ -7,7 +7,8 @@
 
 int main(int argc, char** argv) {
   const char* rc = std::getenv("RC_PARAMS");
-  std::printf("moecheck tests: RC_PARAMS=\"%s\"\n", rc ? rc : "(unset: rapidcheck picks a random seed)");
+  std::printf("moecheck tests: RC_PARAMS=\"%s\"\n",
+              rc ? rc : "(unset: rapidcheck picks a random seed)");
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

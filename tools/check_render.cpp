@@ -32,7 +32,8 @@ std::string ratio_text(double r) {
   return r < 1 && std::atof(t.c_str()) >= 1 ? "0.999" : t;
 }
 
-// ref~emu verdict cell: the worst |diff| / bound of the stage, its routing flips, or the input's bits.
+// ref~emu verdict cell: the worst |diff| / bound of the stage, its routing flips, or the input's
+// bits.
 std::string bound_cell(const StageDiff& info, const BoundsReport& b) {
   const Stage stage = info.stage;
   if (stage == Stage::kInput || stage == Stage::kSharedWeights)
@@ -40,8 +41,8 @@ std::string bound_cell(const StageDiff& info, const BoundsReport& b) {
   if (stage == Stage::kTopkIds) {
     if (b.flips == 0) return "ok   0 flips";
     return b.unexplained_flips == 0 ? "ok   " + std::to_string(b.flips) + " flip(s) explained"
-                                    : "FAIL " + std::to_string(b.unexplained_flips) + " of " + std::to_string(b.flips) +
-                                          " flip(s) unexplained";
+                                    : "FAIL " + std::to_string(b.unexplained_flips) + " of " +
+                                          std::to_string(b.flips) + " flip(s) unexplained";
   }
   const StageCheck* s = b.stage(stage);
   if (s == nullptr) return "-";
@@ -59,12 +60,21 @@ std::string nmse_cell(const StageDiff* s) {
 }
 
 void bounds_json(Json& j, const BoundsReport& b) {
-  j.begin_object().kv("layer", b.layer).kv("ok", b.ok()).kv("first_failing", b.ok() ? "" : stage_name(b.first_failing()));
-  j.kv("flips", b.flips).kv("unexplained_flips", b.unexplained_flips).key("flip_lines").begin_array();
+  j.begin_object()
+      .kv("layer", b.layer)
+      .kv("ok", b.ok())
+      .kv("first_failing", b.ok() ? "" : stage_name(b.first_failing()));
+  j.kv("flips", b.flips)
+      .kv("unexplained_flips", b.unexplained_flips)
+      .key("flip_lines")
+      .begin_array();
   for (const std::string& l : b.flip_lines) j.value(l);
   j.end_array().key("stages").begin_array();
   for (const StageCheck& s : b.stages) {
-    j.begin_object().kv("stage", stage_name(s.stage)).kv("checked", s.checked).kv("violations", s.violations);
+    j.begin_object()
+        .kv("stage", stage_name(s.stage))
+        .kv("checked", s.checked)
+        .kv("violations", s.violations);
     j.kv("worst_ratio", s.worst_ratio).kv("first_violation", s.first_violation).end_object();
   }
   j.end_array().end_object();
@@ -74,11 +84,12 @@ void header_text(std::string& o, const CheckResult& r) {
   const MoeConfig& c = r.config;
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "moecheck check: model %s\n  dim %lld, inter %lld, %lld experts, top %lld; %lld token(s) per layer, "
+                "moecheck check: model %s\n  dim %lld, inter %lld, %lld experts, top %lld; %lld "
+                "token(s) per layer, "
                 "input seed %llu\n",
                 r.model.c_str(), static_cast<long long>(c.dim), static_cast<long long>(c.inter),
-                static_cast<long long>(c.n_routed), static_cast<long long>(c.topk), static_cast<long long>(r.tokens),
-                static_cast<unsigned long long>(r.input_seed));
+                static_cast<long long>(c.n_routed), static_cast<long long>(c.topk),
+                static_cast<long long>(r.tokens), static_cast<unsigned long long>(r.input_seed));
   o += buf;
   std::string ran;
   for (const auto& [name, variant] : r.ran) {
@@ -87,8 +98,10 @@ void header_text(std::string& o, const CheckResult& r) {
   }
   o += "  ran: " + ran + "\n";
   for (const auto& [name, why] : r.not_run) o += "  not run: " + name + ": " + why + "\n";
-  o += "  legs: ref~emu within the bounds derived against the reference in Exact mode (docs/numerics.md),\n"
-       "        column 'bound': worst |diff| / bound; column 'nmse': vs the ref run above, information only;\n"
+  o += "  legs: ref~emu within the bounds derived against the reference in Exact mode "
+       "(docs/numerics.md),\n"
+       "        column 'bound': worst |diff| / bound; column 'nmse': vs the ref run above, "
+       "information only;\n"
        "        emu=cuda bit for bit\n";
 }
 
@@ -117,28 +130,31 @@ void table_text(std::string& o, const CheckResult& r, size_t li, bool cuda_idle)
 
 // The leg's verdict line for a layer and what broke first.
 void leg_text(std::string& o, const CheckLeg& l, size_t li) {
-  o += "  " + l.name + ": " + (l.pass[li] ? "agree" : std::string("BROKE first at ") + stage_name(l.first_failing[li]));
+  o += "  " + l.name + ": " +
+       (l.pass[li] ? "agree" : std::string("BROKE first at ") + stage_name(l.first_failing[li]));
   const LayerDiff& ld = l.report.layers[li];
   if (l.exact) {
     o += "\n";
     if (const StageDiff* s = ld.pass ? nullptr : ld.stage(ld.first_failing))
-      for (size_t k = 0; k < s->first.size() && k < 3; ++k) o += "    " + mismatch_line(s->first[k], s->dtype) + "\n";
+      for (size_t k = 0; k < s->first.size() && k < 3; ++k)
+        o += "    " + mismatch_line(s->first[k], s->dtype) + "\n";
     return;
   }
   const BoundsReport& b = l.bounds[li];
   if (b.flips > 0)
-    o += " (" + std::to_string(b.flips) + " routing flip(s), " + std::to_string(b.flips - b.unexplained_flips) +
-         " explained by the logit bound)";
+    o += " (" + std::to_string(b.flips) + " routing flip(s), " +
+         std::to_string(b.flips - b.unexplained_flips) + " explained by the logit bound)";
   o += "\n";
   for (size_t k = 0; k < b.flip_lines.size() && k < 3; ++k) o += "    " + b.flip_lines[k] + "\n";
   if (l.pass[li]) return;
   if (const StageDiff* s = ld.stage(l.first_failing[li]);
       s != nullptr && (s->stage == Stage::kInput || s->stage == Stage::kSharedWeights))
-    for (size_t k = 0; k < s->first.size() && k < 3; ++k) o += "    " + mismatch_line(s->first[k], s->dtype) + "\n";
+    for (size_t k = 0; k < s->first.size() && k < 3; ++k)
+      o += "    " + mismatch_line(s->first[k], s->dtype) + "\n";
   for (const StageCheck& s : b.stages)
     if (s.violations > 0)
-      o += "    " + std::string(stage_name(s.stage)) + ": " + std::to_string(s.violations) + " of " +
-           std::to_string(s.checked) + " over; first: " + s.first_violation + "\n";
+      o += "    " + std::string(stage_name(s.stage)) + ": " + std::to_string(s.violations) +
+           " of " + std::to_string(s.checked) + " over; first: " + s.first_violation + "\n";
 }
 
 void summary_text(std::string& o, const CheckResult& r, const CheckLayer& l) {
@@ -173,7 +189,8 @@ std::string render_check_text(const CheckResult& r) {
     for (const CheckLeg& l : r.legs) leg_text(o, l, li);
     summary_text(o, r, r.layers[li]);
   }
-  o += std::string("\nresult: ") + (r.pass ? (r.legs.empty() ? "ran (nothing to compare)" : "PASS") : "FAIL") + "\n";
+  o += std::string("\nresult: ") +
+       (r.pass ? (r.legs.empty() ? "ran (nothing to compare)" : "PASS") : "FAIL") + "\n";
   return o;
 }
 
@@ -187,7 +204,8 @@ std::string render_check_json(const CheckResult& r) {
   j.end_object().key("legs").begin_array();
   for (const CheckLeg& l : r.legs) {
     j.begin_object().kv("leg", l.name).kv("pass", l.same()).key("first_failing").begin_array();
-    for (size_t li = 0; li < l.pass.size(); ++li) j.value(l.pass[li] ? "" : stage_name(l.first_failing[li]));
+    for (size_t li = 0; li < l.pass.size(); ++li)
+      j.value(l.pass[li] ? "" : stage_name(l.first_failing[li]));
     j.end_array();
     if (!l.exact) {
       j.key("bounds").begin_array();

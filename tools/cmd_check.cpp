@@ -52,7 +52,8 @@ void run_impls(const LoadedModel& m, const CheckArgs& a, bool impls_given, Check
   spec.taps = true;
   spec.knobs.precision = a.precision == "exact" ? RefPrecision::kExact : RefPrecision::kModel;
   if (!a.layers.empty()) spec.layers = parse_layer_list(a.layers);
-  const int64_t n_layers = spec.layers.empty() ? m.file.n_layers() : static_cast<int64_t>(spec.layers.size());
+  const int64_t n_layers =
+      spec.layers.empty() ? m.file.n_layers() : static_cast<int64_t>(spec.layers.size());
   Progress p("check", n_layers * static_cast<int64_t>(wanted.size()), !a.json);
   for (Impl i : kAllImpls) {
     if (std::find(wanted.begin(), wanted.end(), i) == wanted.end()) continue;
@@ -68,8 +69,9 @@ void run_impls(const LoadedModel& m, const CheckArgs& a, bool impls_given, Check
     in.dumps.emplace(impl_name(i), std::move(d));
   }
   if (in.dumps.empty())
-    throw InputError("no implementation could run: " +
-                     (in.not_run.empty() ? std::string("none requested") : in.not_run.begin()->second));
+    throw InputError("no implementation could run: " + (in.not_run.empty()
+                                                            ? std::string("none requested")
+                                                            : in.not_run.begin()->second));
   in.router = spec.knobs.router;
   in.ref_exact = spec.knobs.precision == RefPrecision::kExact;
 }
@@ -83,8 +85,8 @@ int run_check(const CheckArgs& a, bool impls_given) {
     const GenOptions o = default_model_options();
     model_path = tmp->path() + "/default-" + o.preset + ".gguf";
     write_model(o, model_path);
-    model_note = "embedded default (preset " + o.preset + ", " + std::to_string(o.n_layers) + " layers, seed " +
-                 std::to_string(o.seed) + ")";
+    model_note = "embedded default (preset " + o.preset + ", " + std::to_string(o.n_layers) +
+                 " layers, seed " + std::to_string(o.seed) + ")";
   }
   const LoadedModel m = load_model(model_path, a.hash_file);
   CheckInputs in;
@@ -96,14 +98,18 @@ int run_check(const CheckArgs& a, bool impls_given) {
   in.layer = [&m](int L) { return m.file.layer(L); };
   std::unique_ptr<Progress> bounds_progress;
   if (in.dumps.count("ref") > 0 && in.dumps.size() > 1) {
-    bounds_progress = std::make_unique<Progress>("bounds", static_cast<int64_t>(in.dumps.at("ref").layers.size()), !a.json);
-    in.on_bounds_layer = [&](int L) { bounds_progress->step("layer " + std::to_string(L) + " bounds"); };
+    bounds_progress = std::make_unique<Progress>(
+        "bounds", static_cast<int64_t>(in.dumps.at("ref").layers.size()), !a.json);
+    in.on_bounds_layer = [&](int L) {
+      bounds_progress->step("layer " + std::to_string(L) + " bounds");
+    };
   }
   CheckResult r = judge_check(in);
   bounds_progress.reset();
   r.model = model_note;
   r.input_seed = a.input_seed;
-  std::printf("%s%s", a.json ? render_check_json(r).c_str() : render_check_text(r).c_str(), a.json ? "\n" : "");
+  std::printf("%s%s", a.json ? render_check_json(r).c_str() : render_check_text(r).c_str(),
+              a.json ? "\n" : "");
   return r.pass ? kExitSame : kExitDiffers;
 }
 
@@ -111,25 +117,40 @@ int run_check(const CheckArgs& a, bool impls_given) {
 
 void add_check(CLI::App& app, int& rc) {
   auto a = std::make_shared<CheckArgs>();
-  CLI::App* s = app.add_subcommand("check", "Run every available implementation and compare them (the main job)");
-  s->footer("Examples:\n"
-            "  moecheck check                                # embedded default: tiny, 2 layers, seed 1, 8 tokens\n"
-            "  moecheck check --model small.gguf --tokens 4 --impls ref,emu\n"
-            "  moecheck check --keep out/                    # also write out/ref.h5, out/emu.h5, out/cuda.h5\n"
-            "Legs: ref~emu within the per-stage bounds derived against the reference in Exact mode\n"
-            "(docs/numerics.md; NMSE vs the --precision run shown for information); emu=cuda bit for bit.\n"
-            "cuda runs when a GPU is present\n"
-            "(the reason is printed when it is not).\n"
-            "Exit codes: 0 every leg agrees, 1 a leg differs, 2 error.");
-  s->add_option("--model", a->model, "model GGUF file (default: the embedded tiny model, generated on the fly)");
-  CLI::Option* impls = s->add_option("--impls", a->impls, "implementations to run, e.g. ref,emu")->capture_default_str();
-  s->add_option("--tokens", a->tokens, "tokens per layer")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  CLI::App* s = app.add_subcommand(
+      "check", "Run every available implementation and compare them (the main job)");
+  s->footer(
+      "Examples:\n"
+      "  moecheck check                                # embedded default: tiny, 2 layers, seed 1, "
+      "8 tokens\n"
+      "  moecheck check --model small.gguf --tokens 4 --impls ref,emu\n"
+      "  moecheck check --keep out/                    # also write out/ref.h5, out/emu.h5, "
+      "out/cuda.h5\n"
+      "Legs: ref~emu within the per-stage bounds derived against the reference in Exact mode\n"
+      "(docs/numerics.md; NMSE vs the --precision run shown for information); emu=cuda bit for "
+      "bit.\n"
+      "cuda runs when a GPU is present\n"
+      "(the reason is printed when it is not).\n"
+      "Exit codes: 0 every leg agrees, 1 a leg differs, 2 error.");
+  s->add_option("--model", a->model,
+                "model GGUF file (default: the embedded tiny model, generated on the fly)");
+  CLI::Option* impls = s->add_option("--impls", a->impls, "implementations to run, e.g. ref,emu")
+                           ->capture_default_str();
+  s->add_option("--tokens", a->tokens, "tokens per layer")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   s->add_option("--layers", a->layers, "layers, e.g. 0,2-5 (default: all)");
-  s->add_option("--input-seed", a->input_seed, "seed of the generated inputs")->capture_default_str();
-  s->add_option("--precision", a->precision, "precision of the reference run whose NMSE is shown (the verdict always uses Exact)")->check(CLI::IsMember({"model", "exact"}))
+  s->add_option("--input-seed", a->input_seed, "seed of the generated inputs")
       ->capture_default_str();
-  s->add_option("--keep", a->keep, "write each implementation's dump (with taps) into this directory");
-  s->add_flag("--hash-file", a->hash_file, "also record the whole model file's SHA-256 in the dumps (reads the whole file)");
+  s->add_option(
+       "--precision", a->precision,
+       "precision of the reference run whose NMSE is shown (the verdict always uses Exact)")
+      ->check(CLI::IsMember({"model", "exact"}))
+      ->capture_default_str();
+  s->add_option("--keep", a->keep,
+                "write each implementation's dump (with taps) into this directory");
+  s->add_flag("--hash-file", a->hash_file,
+              "also record the whole model file's SHA-256 in the dumps (reads the whole file)");
   s->add_flag("--json", a->json, "machine-readable output");
   s->callback([a, impls, &rc] { rc = run_check(*a, impls->count() > 0); });
 }

@@ -3,8 +3,8 @@
 #include <cstdio>
 #include <memory>
 
-#include "core/error.h"
 #include "compare/dump_diff.h"
+#include "core/error.h"
 #include "golden/sha256.h"
 #include "tools/commands.h"
 #include "tools/report.h"
@@ -40,8 +40,8 @@ void require_model_of(const LoadedModel& m, const Dump& A) {
     for (const SliceHash& h : A.slices[li]) {
       const std::string got = m.hasher->slice(L, h.tensor, h.expert);
       if (got != h.sha256)
-        throw InputError(not_it + slice_name(L, h.tensor, h.expert) + " has sha256 " + got + ", the dump records " +
-                         h.sha256);
+        throw InputError(not_it + slice_name(L, h.tensor, h.expert) + " has sha256 " + got +
+                         ", the dump records " + h.sha256);
     }
   }
 }
@@ -52,8 +52,8 @@ struct Given {
 
 int run_diff(const DiffArgs& a, const Given& g) {
   Tolerance t;
-  int modes = (a.exact ? 1 : 0) + (g.ulp->count() ? 1 : 0) + (g.rtol->count() || g.atol->count() ? 1 : 0) +
-              (g.nmse->count() ? 1 : 0);
+  int modes = (a.exact ? 1 : 0) + (g.ulp->count() ? 1 : 0) +
+              (g.rtol->count() || g.atol->count() ? 1 : 0) + (g.nmse->count() ? 1 : 0);
   if (modes > 1) throw InputError("choose one of --exact, --ulp, --rtol/--atol, --nmse");
   if (g.ulp->count()) {
     t.mode = ToleranceMode::kUlp;
@@ -99,25 +99,31 @@ int run_diff(const DiffArgs& a, const Given& g) {
 void add_diff(CLI::App& app, int& rc) {
   auto a = std::make_shared<DiffArgs>();
   CLI::App* s = app.add_subcommand("diff", "Compare two dumps layer by layer and stage by stage");
-  s->footer("Examples:\n"
-            "  moecheck diff emu.h5 cuda.h5                 # bit for bit (the default, = --exact)\n"
-            "  moecheck diff ref.h5 emu.h5 --nmse 1e-3 --model tiny.gguf\n"
-            "  moecheck diff a.h5 b.h5 --rtol 1e-2 --atol 1e-4 --json\n"
-            "Rules: |a-b| <= atol + rtol*|a| (A is the expected side); NMSE = sum (a-b)^2 / sum a^2 (A's energy);\n"
-            "ULPs in the stage's own format (bf16 or f32); NaN equals nothing unless --nan-equal; routing\n"
-            "compared as sets, expert stages only on tokens whose routing agrees.\n"
-            "Exit codes: 0 same (within the tolerance), 1 differs, 2 error (unreadable file, or dumps of\n"
-            "different models, configs, token counts or layer lists).");
+  s->footer(
+      "Examples:\n"
+      "  moecheck diff emu.h5 cuda.h5                 # bit for bit (the default, = --exact)\n"
+      "  moecheck diff ref.h5 emu.h5 --nmse 1e-3 --model tiny.gguf\n"
+      "  moecheck diff a.h5 b.h5 --rtol 1e-2 --atol 1e-4 --json\n"
+      "Rules: |a-b| <= atol + rtol*|a| (A is the expected side); NMSE = sum (a-b)^2 / sum a^2 (A's "
+      "energy);\n"
+      "ULPs in the stage's own format (bf16 or f32); NaN equals nothing unless --nan-equal; "
+      "routing\n"
+      "compared as sets, expert stages only on tokens whose routing agrees.\n"
+      "Exit codes: 0 same (within the tolerance), 1 differs, 2 error (unreadable file, or dumps "
+      "of\n"
+      "different models, configs, token counts or layer lists).");
   s->add_option("A", a->a, "first dump (the expected side)")->required();
   s->add_option("B", a->b, "second dump")->required();
   s->add_flag("--exact", a->exact, "bit for bit (default)");
   Given g;
-  g.ulp = s->add_option("--ulp", a->ulp, "at most N ULPs apart (bf16 ULPs for bf16 stages, f32 for f32)");
+  g.ulp = s->add_option("--ulp", a->ulp,
+                        "at most N ULPs apart (bf16 ULPs for bf16 stages, f32 for f32)");
   g.rtol = s->add_option("--rtol", a->rtol, "relative tolerance (with --atol)");
   g.atol = s->add_option("--atol", a->atol, "absolute tolerance (with --rtol)");
   g.nmse = s->add_option("--nmse", a->nmse, "per-stage NMSE bound");
   s->add_flag("--nan-equal", a->nan_equal, "NaN equals NaN");
-  s->add_option("--model", a->model, "the dumps' model: routing margins in keys (score + bias) instead of logits");
+  s->add_option("--model", a->model,
+                "the dumps' model: routing margins in keys (score + bias) instead of logits");
   s->add_flag("--json", a->json, "machine-readable output");
   s->callback([a, g, &rc] { rc = run_diff(*a, g); });
 }

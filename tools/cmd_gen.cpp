@@ -35,14 +35,25 @@ int run_gen(const GenArgs& a) {
   const MoeConfig& c = o.config;
   if (a.json) {
     Json j;
-    j.begin_object().kv("file", a.out).kv("preset", o.preset).kv("layers", o.n_layers).kv("seed", o.seed);
-    j.kv("dim", c.dim).kv("inter", c.inter).kv("n_routed", c.n_routed).kv("topk", c.topk).kv("sha256", sha).end_object();
+    j.begin_object()
+        .kv("file", a.out)
+        .kv("preset", o.preset)
+        .kv("layers", o.n_layers)
+        .kv("seed", o.seed);
+    j.kv("dim", c.dim)
+        .kv("inter", c.inter)
+        .kv("n_routed", c.n_routed)
+        .kv("topk", c.topk)
+        .kv("sha256", sha)
+        .end_object();
     std::printf("%s\n", j.str().c_str());
   } else {
-    std::printf("wrote %s: preset %s, %d layer(s), seed %llu (dim %lld, inter %lld, %lld experts, top %lld), sha256 %s\n",
-                a.out.c_str(), o.preset.c_str(), o.n_layers, static_cast<unsigned long long>(o.seed),
-                static_cast<long long>(c.dim), static_cast<long long>(c.inter), static_cast<long long>(c.n_routed),
-                static_cast<long long>(c.topk), sha.c_str());
+    std::printf(
+        "wrote %s: preset %s, %d layer(s), seed %llu (dim %lld, inter %lld, %lld experts, top "
+        "%lld), sha256 %s\n",
+        a.out.c_str(), o.preset.c_str(), o.n_layers, static_cast<unsigned long long>(o.seed),
+        static_cast<long long>(c.dim), static_cast<long long>(c.inter),
+        static_cast<long long>(c.n_routed), static_cast<long long>(c.topk), sha.c_str());
   }
   return kExitSame;
 }
@@ -52,17 +63,24 @@ int run_gen(const GenArgs& a) {
 void add_gen(CLI::App& app, int& rc) {
   auto a = std::make_shared<GenArgs>();
   CLI::App* s = app.add_subcommand("gen", "Write a seeded synthetic model (GGUF v3)");
-  s->footer("Example:\n  moecheck gen --preset tiny --layers 2 --seed 1 -o tiny.gguf\n"
-            "Exit codes: 0 written, 2 error (nothing is left at -o on error).");
-  s->add_option("--preset", a->preset, "tiny | small | ds41")->check(CLI::IsMember({"tiny", "small", "ds41"}))
+  s->footer(
+      "Example:\n  moecheck gen --preset tiny --layers 2 --seed 1 -o tiny.gguf\n"
+      "Exit codes: 0 written, 2 error (nothing is left at -o on error).");
+  s->add_option("--preset", a->preset, "tiny | small | ds41")
+      ->check(CLI::IsMember({"tiny", "small", "ds41"}))
       ->capture_default_str();
-  s->add_option("--layers", a->layers, "number of layers (default: the preset's, 2)")->check(CLI::Range(1, 1000));
+  s->add_option("--layers", a->layers, "number of layers (default: the preset's, 2)")
+      ->check(CLI::Range(1, 1000));
   s->add_option("--seed", a->seed, "generator seed")->capture_default_str();
   s->add_option("-o,--output", a->out, "output GGUF file")->required();
-  s->add_option("--shared", a->shared, "shared expert storage: bf16 | kquant")->check(CLI::IsMember({"bf16", "kquant"}));
-  s->add_option("--blocks", a->blocks, "routed expert blocks: quantized (reference quantisers) | random (valid random blocks, fast)")
+  s->add_option("--shared", a->shared, "shared expert storage: bf16 | kquant")
+      ->check(CLI::IsMember({"bf16", "kquant"}));
+  s->add_option("--blocks", a->blocks,
+                "routed expert blocks: quantized (reference quantisers) | random (valid random "
+                "blocks, fast)")
       ->check(CLI::IsMember({"quantized", "random"}));
-  s->add_option("--alignment", a->alignment, "general.alignment (power of two)")->capture_default_str();
+  s->add_option("--alignment", a->alignment, "general.alignment (power of two)")
+      ->capture_default_str();
   s->add_flag("--json", a->json, "machine-readable output");
   s->callback([a, &rc] { rc = run_gen(*a); });
 }

@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <memory>
 
+#include "compare/golden_verify.h"
 #include "core/error.h"
 #include "golden/generator.h"
-#include "compare/golden_verify.h"
 #include "golden/golden_set.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
@@ -64,9 +64,10 @@ int golden_verify(const GoldenArgs& a) {
     const LoadedModel m = regenerate(g, tmp);
     if (m.sha256 != g.gguf_sha256) {
       same = false;
-      const std::string msg = "generator changed: regenerated " + g.name + ".gguf has sha256 " + m.sha256 + ", " +
-                              manifest_path + " records " + g.gguf_sha256;
-      if (a.json) j.begin_object().kv("model", g.name).kv("same", false).kv("error", msg).end_object();
+      const std::string msg = "generator changed: regenerated " + g.name + ".gguf has sha256 " +
+                              m.sha256 + ", " + manifest_path + " records " + g.gguf_sha256;
+      if (a.json)
+        j.begin_object().kv("model", g.name).kv("same", false).kv("error", msg).end_object();
       else std::printf("%s: FAIL %s\n", g.name.c_str(), msg.c_str());
       continue;
     }
@@ -83,8 +84,9 @@ int golden_verify(const GoldenArgs& a) {
         j.end_object();
         continue;
       }
-      std::printf("%s %s: %s (%s, %zu layer(s) x %lld token(s))\n", g.name.c_str(), impl, r.same ? "same" : "DIFFERS",
-                  golden_tolerance(impl).describe().c_str(), r.layers.size(), static_cast<long long>(g.tokens));
+      std::printf("%s %s: %s (%s, %zu layer(s) x %lld token(s))\n", g.name.c_str(), impl,
+                  r.same ? "same" : "DIFFERS", golden_tolerance(impl).describe().c_str(),
+                  r.layers.size(), static_cast<long long>(g.tokens));
       if (!r.same) std::printf("%s", diff_text(r).c_str());
     }
   }
@@ -100,7 +102,8 @@ int golden_verify(const GoldenArgs& a) {
 int golden_update(const GoldenArgs& a) {
   std::filesystem::create_directories(a.data);
   const std::string manifest_path = a.data + "/" + kGoldenManifestName;
-  GoldenManifest man = std::filesystem::exists(manifest_path) ? read_manifest(manifest_path) : default_manifest();
+  GoldenManifest man =
+      std::filesystem::exists(manifest_path) ? read_manifest(manifest_path) : default_manifest();
   for (GoldenModel& g : man.models) {
     TempDir tmp;
     const LoadedModel m = regenerate(g, tmp);
@@ -108,7 +111,8 @@ int golden_update(const GoldenArgs& a) {
     for (const char* impl : kGoldenImpls) {
       const std::string out = a.data + "/" + golden_dump_name(g, impl);
       write_dump(out, run_layers(m, golden_spec(g, parse_impl(impl, "golden")), nullptr));
-      std::printf("wrote %s (%lld bytes)\n", out.c_str(), static_cast<long long>(std::filesystem::file_size(out)));
+      std::printf("wrote %s (%lld bytes)\n", out.c_str(),
+                  static_cast<long long>(std::filesystem::file_size(out)));
     }
   }
   write_manifest(manifest_path, man);
@@ -120,11 +124,14 @@ int golden_update(const GoldenArgs& a) {
 
 void add_golden(CLI::App& app, int& rc) {
   auto a = std::make_shared<GoldenArgs>();
-  CLI::App* s = app.add_subcommand("golden", "Verify or update the committed golden set (golden/data/)");
+  CLI::App* s =
+      app.add_subcommand("golden", "Verify or update the committed golden set (golden/data/)");
   s->require_subcommand(1);
-  s->footer("Examples:\n  moecheck golden verify\n  moecheck golden update --data golden/data\n"
-            "verify: emu dumps bit for bit, ref dumps within |a-b| <= 1e-4 + 2^-7 |a|, model SHA-256 as recorded.\n"
-            "Exit codes: 0 verified / written, 1 differs, 2 error.");
+  s->footer(
+      "Examples:\n  moecheck golden verify\n  moecheck golden update --data golden/data\n"
+      "verify: emu dumps bit for bit, ref dumps within |a-b| <= 1e-4 + 2^-7 |a|, model SHA-256 as "
+      "recorded.\n"
+      "Exit codes: 0 verified / written, 1 differs, 2 error.");
   CLI::App* v = s->add_subcommand("verify", "Regenerate and compare with the committed dumps");
   v->add_option("--data", a->data, "golden set directory")->capture_default_str();
   v->add_flag("--json", a->json, "machine-readable output");

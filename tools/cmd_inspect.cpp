@@ -29,17 +29,29 @@ std::string shape(std::initializer_list<int64_t> d) {
 
 void config_lines(const MoeConfig& c, Json* j) {
   if (j != nullptr) {
-    j->key("config").begin_object().kv("dim", c.dim).kv("inter", c.inter).kv("n_routed", c.n_routed).kv("topk", c.topk);
-    j->kv("n_shared", c.n_shared).kv("score_func", to_string(c.score_func)).kv("route_scale", double(c.route_scale));
-    j->kv("swiglu_limit", double(c.swiglu_limit)).kv("gate_temp", double(c.gate_temp)).kv("norm_topk_prob", c.norm_topk_prob);
+    j->key("config")
+        .begin_object()
+        .kv("dim", c.dim)
+        .kv("inter", c.inter)
+        .kv("n_routed", c.n_routed)
+        .kv("topk", c.topk);
+    j->kv("n_shared", c.n_shared)
+        .kv("score_func", to_string(c.score_func))
+        .kv("route_scale", double(c.route_scale));
+    j->kv("swiglu_limit", double(c.swiglu_limit))
+        .kv("gate_temp", double(c.gate_temp))
+        .kv("norm_topk_prob", c.norm_topk_prob);
     j->end_object();
     return;
   }
-  std::printf("config: dim %lld, inter %lld, %lld routed experts, top %lld, %lld shared, %s, route_scale %g, "
-              "swiglu_limit %g, gate_temp %g, norm_topk_prob %s\n",
-              static_cast<long long>(c.dim), static_cast<long long>(c.inter), static_cast<long long>(c.n_routed),
-              static_cast<long long>(c.topk), static_cast<long long>(c.n_shared), to_string(c.score_func).c_str(),
-              double(c.route_scale), double(c.swiglu_limit), double(c.gate_temp), c.norm_topk_prob ? "true" : "false");
+  std::printf(
+      "config: dim %lld, inter %lld, %lld routed experts, top %lld, %lld shared, %s, route_scale "
+      "%g, "
+      "swiglu_limit %g, gate_temp %g, norm_topk_prob %s\n",
+      static_cast<long long>(c.dim), static_cast<long long>(c.inter),
+      static_cast<long long>(c.n_routed), static_cast<long long>(c.topk),
+      static_cast<long long>(c.n_shared), to_string(c.score_func).c_str(), double(c.route_scale),
+      double(c.swiglu_limit), double(c.gate_temp), c.norm_topk_prob ? "true" : "false");
 }
 
 int inspect_gguf(const InspectArgs& a) {
@@ -54,27 +66,36 @@ int inspect_gguf(const InspectArgs& a) {
   Json j;
   Json* jp = a.json ? &j : nullptr;
   if (a.json) {
-    j.begin_object().kv("file", a.file).kv("kind", "gguf").kv("version", static_cast<int64_t>(r.version()));
+    j.begin_object()
+        .kv("file", a.file)
+        .kv("kind", "gguf")
+        .kv("version", static_cast<int64_t>(r.version()));
     j.kv("alignment", static_cast<int64_t>(r.alignment())).kv("file_size", r.file_size());
     j.key("metadata").begin_object();
     for (const gguf::KeyValue& kv : r.kvs()) j.kv(kv.key, gguf::describe(kv.value));
     j.end_object().key("tensors").begin_array();
     for (const gguf::TensorInfo& t : r.tensors()) {
       const gguf::TypeTraits tt = gguf::type_traits(t.type);
-      j.begin_object().kv("name", t.name).kv("type", tt.name ? tt.name : "?").kv("shape", gguf::shape_string(t));
+      j.begin_object()
+          .kv("name", t.name)
+          .kv("type", tt.name ? tt.name : "?")
+          .kv("shape", gguf::shape_string(t));
       j.kv("offset", t.offset).kv("bytes", t.nbytes).end_object();
     }
     j.end_array();
   } else {
-    std::printf("%s: GGUF v%u, %llu bytes, alignment %u, %zu metadata keys, %zu tensors\n", a.file.c_str(), r.version(),
-                static_cast<unsigned long long>(r.file_size()), r.alignment(), r.kvs().size(), r.tensors().size());
+    std::printf("%s: GGUF v%u, %llu bytes, alignment %u, %zu metadata keys, %zu tensors\n",
+                a.file.c_str(), r.version(), static_cast<unsigned long long>(r.file_size()),
+                r.alignment(), r.kvs().size(), r.tensors().size());
     std::printf("metadata:\n");
-    for (const gguf::KeyValue& kv : r.kvs()) std::printf("  %-40s %s\n", kv.key.c_str(), gguf::describe(kv.value).c_str());
+    for (const gguf::KeyValue& kv : r.kvs())
+      std::printf("  %-40s %s\n", kv.key.c_str(), gguf::describe(kv.value).c_str());
     std::printf("tensors:\n");
     for (const gguf::TensorInfo& t : r.tensors()) {
       const gguf::TypeTraits tt = gguf::type_traits(t.type);
-      std::printf("  %-32s %-5s %-20s offset %llu, %llu bytes\n", t.name.c_str(), tt.name ? tt.name : "?",
-                  gguf::shape_string(t).c_str(), static_cast<unsigned long long>(t.offset),
+      std::printf("  %-32s %-5s %-20s offset %llu, %llu bytes\n", t.name.c_str(),
+                  tt.name ? tt.name : "?", gguf::shape_string(t).c_str(),
+                  static_cast<unsigned long long>(t.offset),
                   static_cast<unsigned long long>(t.nbytes));
     }
   }
@@ -84,9 +105,12 @@ int inspect_gguf(const InspectArgs& a) {
     config_lines(mf->config(), jp);
     if (mf->provenance()) {
       const GeneratorProvenance& p = *mf->provenance();
-      if (a.json) j.key("generator").begin_object().kv("preset", p.preset).kv("seed", p.seed).end_object();
-      else std::printf("generator: preset %s, seed %llu, version %u%s\n", p.preset.c_str(),
-                       static_cast<unsigned long long>(p.seed), p.version, p.fast_blocks ? ", random-valid blocks" : "");
+      if (a.json)
+        j.key("generator").begin_object().kv("preset", p.preset).kv("seed", p.seed).end_object();
+      else
+        std::printf("generator: preset %s, seed %llu, version %u%s\n", p.preset.c_str(),
+                    static_cast<unsigned long long>(p.seed), p.version,
+                    p.fast_blocks ? ", random-valid blocks" : "");
     }
   } else {
     if (a.json) j.kv("not_a_moecheck_model", model_note);
@@ -107,39 +131,52 @@ int inspect_dump(const InspectArgs& a) {
   Json j;
   if (a.json) {
     j.begin_object().kv("file", a.file).kv("kind", "dump").kv("format_version", m.format_version);
-    j.kv("tool_version", m.tool_version).kv("git_commit", m.git_commit).kv("implementation", m.implementation);
-    j.kv("variant", m.variant).kv("device", m.device).kv("model_file", m.model_file).kv("model_sha256", m.model_sha256);
+    j.kv("tool_version", m.tool_version)
+        .kv("git_commit", m.git_commit)
+        .kv("implementation", m.implementation);
+    j.kv("variant", m.variant)
+        .kv("device", m.device)
+        .kv("model_file", m.model_file)
+        .kv("model_sha256", m.model_sha256);
     j.kv("model_header_sha256", m.model_header_sha256);
     if (m.has_model_seed) j.kv("model_seed", m.model_seed);
-    j.kv("input_source", m.input_source).kv("input_seed", m.input_seed).kv("tokens", T).kv("taps", m.taps);
+    j.kv("input_source", m.input_source)
+        .kv("input_seed", m.input_seed)
+        .kv("tokens", T)
+        .kv("taps", m.taps);
     config_lines(c, &j);
     j.key("layers").begin_array();
   } else {
     std::printf("%s: moecheck dump format %lld, %s (%s) on %s, tool %s (%s)\n", a.file.c_str(),
-                static_cast<long long>(m.format_version), m.implementation.c_str(), m.variant.c_str(), m.device.c_str(),
-                m.tool_version.c_str(), m.git_commit.c_str());
-    std::printf("model: %s, whole-file sha256 %s, header sha256 %s%s\n", m.model_file.c_str(),
-                m.model_sha256.empty() ? "(not recorded)" : m.model_sha256.c_str(),
-                m.model_header_sha256.empty() ? "(not recorded)" : m.model_header_sha256.c_str(),
-                m.has_model_seed ? (", generator seed " + std::to_string(m.model_seed)).c_str() : "");
-    std::printf("input: %s%s, %lld token(s), %s\n", m.input_source.c_str(),
-                m.input_source.rfind("seed", 0) == 0 ? (" " + std::to_string(m.input_seed)).c_str() : "",
-                static_cast<long long>(T), m.taps ? "every stage (taps)" : "basic stages");
+                static_cast<long long>(m.format_version), m.implementation.c_str(),
+                m.variant.c_str(), m.device.c_str(), m.tool_version.c_str(), m.git_commit.c_str());
+    std::printf(
+        "model: %s, whole-file sha256 %s, header sha256 %s%s\n", m.model_file.c_str(),
+        m.model_sha256.empty() ? "(not recorded)" : m.model_sha256.c_str(),
+        m.model_header_sha256.empty() ? "(not recorded)" : m.model_header_sha256.c_str(),
+        m.has_model_seed ? (", generator seed " + std::to_string(m.model_seed)).c_str() : "");
+    std::printf(
+        "input: %s%s, %lld token(s), %s\n", m.input_source.c_str(),
+        m.input_source.rfind("seed", 0) == 0 ? (" " + std::to_string(m.input_seed)).c_str() : "",
+        static_cast<long long>(T), m.taps ? "every stage (taps)" : "basic stages");
     config_lines(c, nullptr);
   }
   for (size_t li = 0; li < d.layers.size(); ++li) {
     const LayerTaps& t = d.layers[li];
     std::vector<std::pair<std::string, std::string>> st = {
-        {"input", shape({T, c.dim}) + " bfloat16"}, {"router_logits", shape({T, c.n_routed}) + " float32"},
-        {"topk_ids", shape({T, c.topk}) + " int32"}, {"topk_weights", shape({T, c.topk}) + " float32"}};
+        {"input", shape({T, c.dim}) + " bfloat16"},
+        {"router_logits", shape({T, c.n_routed}) + " float32"},
+        {"topk_ids", shape({T, c.topk}) + " int32"},
+        {"topk_weights", shape({T, c.topk}) + " float32"}};
     if (!t.x_q8.empty()) st.emplace_back("x_q8", shape({T, c.dim / 32, 36}) + " block_q8_1");
     for (const ExpertTaps& e : t.experts) {
       const int64_t n = static_cast<int64_t>(e.tokens.size());
-      st.emplace_back("experts/" + std::to_string(e.expert), std::to_string(n) + " token(s): gate/up/h " +
-                                                                 shape({n, c.inter}) + ", down " + shape({n, c.dim}) +
-                                                                 (e.h_q8.empty() ? "" : ", h_q8"));
+      st.emplace_back("experts/" + std::to_string(e.expert),
+                      std::to_string(n) + " token(s): gate/up/h " + shape({n, c.inter}) +
+                          ", down " + shape({n, c.dim}) + (e.h_q8.empty() ? "" : ", h_q8"));
     }
-    if (!t.shared.tokens.empty()) st.emplace_back("shared", "gate/up/h " + shape({T, c.inter}) + ", down " + shape({T, c.dim}));
+    if (!t.shared.tokens.empty())
+      st.emplace_back("shared", "gate/up/h " + shape({T, c.inter}) + ", down " + shape({T, c.dim}));
     if (!t.acc.empty()) st.emplace_back("acc", shape({T, c.dim}) + " float32");
     st.emplace_back("output", shape({T, c.dim}) + " bfloat16");
     const std::vector<SliceHash> none;
@@ -149,14 +186,18 @@ int inspect_dump(const InspectArgs& a) {
       for (const auto& [k, v] : st) j.kv(k, v);
       j.end_object().key("tensors_read").begin_array();
       for (const SliceHash& h : slices)
-        j.begin_object().kv("tensor", slice_name(t.layer, h.tensor, h.expert)).kv("sha256", h.sha256).end_object();
+        j.begin_object()
+            .kv("tensor", slice_name(t.layer, h.tensor, h.expert))
+            .kv("sha256", h.sha256)
+            .end_object();
       j.end_array().end_object();
     } else {
       std::printf("/layers/%d:\n", t.layer);
       for (const auto& [k, v] : st) std::printf("  %-14s %s\n", k.c_str(), v.c_str());
       if (!slices.empty()) std::printf("  tensors read (sha256):\n");
       for (const SliceHash& h : slices)
-        std::printf("    %-44s %s\n", slice_name(t.layer, h.tensor, h.expert).c_str(), h.sha256.c_str());
+        std::printf("    %-44s %s\n", slice_name(t.layer, h.tensor, h.expert).c_str(),
+                    h.sha256.c_str());
     }
   }
   if (a.json) {
@@ -171,8 +212,10 @@ int inspect_dump(const InspectArgs& a) {
 void add_inspect(CLI::App& app, int& rc) {
   auto a = std::make_shared<InspectArgs>();
   CLI::App* s = app.add_subcommand("inspect", "Show a GGUF model or an HDF5 dump");
-  s->footer("Examples:\n  moecheck inspect tiny.gguf\n  moecheck inspect emu.h5 --json\n"
-            "Exit codes: 0 shown, 2 error (missing, truncated or malformed file: the message names the field).");
+  s->footer(
+      "Examples:\n  moecheck inspect tiny.gguf\n  moecheck inspect emu.h5 --json\n"
+      "Exit codes: 0 shown, 2 error (missing, truncated or malformed file: the message names the "
+      "field).");
   s->add_option("FILE", a->file, "a .gguf model or a .h5 dump")->required();
   s->add_flag("--json", a->json, "machine-readable output");
   s->callback([a, &rc] {

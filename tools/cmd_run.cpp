@@ -35,7 +35,9 @@ struct RunArgs {
 
 int run_run(const RunArgs& a, bool input_seed_given) {
   if (!a.input.empty() && (input_seed_given || a.chain))
-    throw InputError("--input takes each layer's input from the dump; it cannot be combined with --input-seed or --chain");
+    throw InputError(
+        "--input takes each layer's input from the dump; it cannot be combined with --input-seed "
+        "or --chain");
   RunSpec spec;
   spec.impl = parse_impl(a.impl, "--impl");
   spec.knobs.precision = a.precision == "exact" ? RefPrecision::kExact : RefPrecision::kModel;
@@ -51,23 +53,30 @@ int run_run(const RunArgs& a, bool input_seed_given) {
   const LoadedModel m = load_model(a.model, a.hash_file);
   Dump d;
   {
-    Progress p("run " + a.impl, static_cast<int64_t>(spec.layers.empty() ? m.file.n_layers() : spec.layers.size()),
+    Progress p("run " + a.impl,
+               static_cast<int64_t>(spec.layers.empty() ? m.file.n_layers() : spec.layers.size()),
                !a.json);
     d = run_layers(m, spec, &p);
   }
   write_dump(a.out, d);
   if (a.json) {
     Json j;
-    j.begin_object().kv("file", a.out).kv("implementation", d.meta.implementation).kv("variant", d.meta.variant);
+    j.begin_object()
+        .kv("file", a.out)
+        .kv("implementation", d.meta.implementation)
+        .kv("variant", d.meta.variant);
     j.kv("tokens", d.meta.tokens).kv("taps", d.meta.taps).key("layers").begin_array();
-    for (const LayerTaps& t : d.layers) j.begin_object().kv("layer", t.layer).kv("output_l2", output_l2(t.output)).end_object();
+    for (const LayerTaps& t : d.layers)
+      j.begin_object().kv("layer", t.layer).kv("output_l2", output_l2(t.output)).end_object();
     j.end_array().end_object();
     std::printf("%s\n", j.str().c_str());
   } else {
-    std::printf("wrote %s: %s (%s), %zu layer(s) x %lld token(s)%s, model %s\n", a.out.c_str(), d.meta.implementation.c_str(),
-                d.meta.variant.c_str(), d.layers.size(), static_cast<long long>(d.meta.tokens), d.meta.taps ? ", all stages" : "",
+    std::printf("wrote %s: %s (%s), %zu layer(s) x %lld token(s)%s, model %s\n", a.out.c_str(),
+                d.meta.implementation.c_str(), d.meta.variant.c_str(), d.layers.size(),
+                static_cast<long long>(d.meta.tokens), d.meta.taps ? ", all stages" : "",
                 d.meta.model_file.c_str());
-    for (const LayerTaps& t : d.layers) std::printf("  layer %d: output L2 %.6g\n", t.layer, output_l2(t.output));
+    for (const LayerTaps& t : d.layers)
+      std::printf("  layer %d: output L2 %.6g\n", t.layer, output_l2(t.output));
   }
   return kExitSame;
 }
@@ -76,32 +85,47 @@ int run_run(const RunArgs& a, bool input_seed_given) {
 
 void add_run(CLI::App& app, int& rc) {
   auto a = std::make_shared<RunArgs>();
-  CLI::App* s = app.add_subcommand("run", "Run one implementation over a model's layers and write an HDF5 dump");
-  s->footer("Examples:\n"
-            "  moecheck run --impl emu --model tiny.gguf --tokens 8 --taps -o emu.h5\n"
-            "  moecheck run --impl ref --precision exact --model tiny.gguf --layers 0,2-5 -o ref.h5\n"
-            "  moecheck run --impl cuda --model tiny.gguf --input emu.h5 --warps 4 -o cuda.h5\n"
-            "Inputs: each layer gets its own seeded bf16 input (~N(0,1)) unless --chain (layer L+1 takes\n"
-            "layer L's output) or --input (each layer takes the dump's input of the same layer).\n"
-            "Exit codes: 0 written, 2 error (nothing is left at -o on error).");
-  s->add_option("--impl", a->impl, "ref | emu | cuda")->required()->check(CLI::IsMember({"ref", "emu", "cuda"}));
+  CLI::App* s = app.add_subcommand(
+      "run", "Run one implementation over a model's layers and write an HDF5 dump");
+  s->footer(
+      "Examples:\n"
+      "  moecheck run --impl emu --model tiny.gguf --tokens 8 --taps -o emu.h5\n"
+      "  moecheck run --impl ref --precision exact --model tiny.gguf --layers 0,2-5 -o ref.h5\n"
+      "  moecheck run --impl cuda --model tiny.gguf --input emu.h5 --warps 4 -o cuda.h5\n"
+      "Inputs: each layer gets its own seeded bf16 input (~N(0,1)) unless --chain (layer L+1 "
+      "takes\n"
+      "layer L's output) or --input (each layer takes the dump's input of the same layer).\n"
+      "Exit codes: 0 written, 2 error (nothing is left at -o on error).");
+  s->add_option("--impl", a->impl, "ref | emu | cuda")
+      ->required()
+      ->check(CLI::IsMember({"ref", "emu", "cuda"}));
   s->add_option("--model", a->model, "model GGUF file")->required();
   s->add_option("--layers", a->layers, "layers to run, e.g. 0,2-5 (default: all)");
-  s->add_option("--tokens", a->tokens, "tokens per layer")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  CLI::Option* seed = s->add_option("--input-seed", a->input_seed, "seed of the generated inputs")->capture_default_str();
+  s->add_option("--tokens", a->tokens, "tokens per layer")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  CLI::Option* seed = s->add_option("--input-seed", a->input_seed, "seed of the generated inputs")
+                          ->capture_default_str();
   s->add_option("--input", a->input, "take each layer's input from this dump");
   s->add_flag("--chain", a->chain, "feed layer L's output to the next layer run");
-  s->add_flag("--taps", a->taps, "store every stage (per-expert gate/up/h/down, q8_1 blocks, shared, acc)");
+  s->add_flag("--taps", a->taps,
+              "store every stage (per-expert gate/up/h/down, q8_1 blocks, shared, acc)");
   s->add_option("-o,--output", a->out, "output HDF5 dump")->required();
-  s->add_option("--precision", a->precision, "ref: model | exact")->check(CLI::IsMember({"model", "exact"}))->capture_default_str();
+  s->add_option("--precision", a->precision, "ref: model | exact")
+      ->check(CLI::IsMember({"model", "exact"}))
+      ->capture_default_str();
   s->add_option("--router", a->router, "emu, cuda: router GEMV variant plain | staged")
-      ->check(CLI::IsMember({"plain", "staged"}))->capture_default_str();
-  s->add_option("--warps", a->warps, "emu, cuda: expert warps per block 2 | 4 | 8")->check(CLI::IsMember({2, 4, 8}))
+      ->check(CLI::IsMember({"plain", "staged"}))
+      ->capture_default_str();
+  s->add_option("--warps", a->warps, "emu, cuda: expert warps per block 2 | 4 | 8")
+      ->check(CLI::IsMember({2, 4, 8}))
       ->capture_default_str();
   s->add_option("--shared-side", a->shared_side, "cuda: shared expert on a side stream on | off")
-      ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   s->add_flag("--hash-file", a->hash_file,
-              "also record the whole model file's SHA-256 (reads the whole file; the tensors and expert slices the "
+              "also record the whole model file's SHA-256 (reads the whole file; the tensors and "
+              "expert slices the "
               "run read are always recorded)");
   s->add_flag("--json", a->json, "machine-readable output");
   s->callback([a, seed, &rc] { rc = run_run(*a, seed->count() > 0); });

@@ -14,7 +14,8 @@ namespace moecheck::cli {
 TempDir::TempDir() {
   const char* base = std::getenv("TMPDIR");
   std::string tmpl = std::string(base != nullptr && *base ? base : "/tmp") + "/moecheck-XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) throw InputError(tmpl + ": cannot create a temporary directory");
+  if (::mkdtemp(tmpl.data()) == nullptr)
+    throw InputError(tmpl + ": cannot create a temporary directory");
   path_ = tmpl;
 }
 
@@ -27,18 +28,21 @@ TempDir::~TempDir() {
 
 int main(int argc, char** argv) {
   using namespace moecheck::cli;
-  CLI::App app{"moecheck: one DeepSeek-V4.1 Flash MoE layer on still-quantised experts, in three\n"
-               "implementations (ref, emu, cuda) compared per layer.",
-               "moecheck"};
+  CLI::App app{
+      "moecheck: one DeepSeek-V4.1 Flash MoE layer on still-quantised experts, in three\n"
+      "implementations (ref, emu, cuda) compared per layer.",
+      "moecheck"};
   app.footer(
       "Examples:\n"
-      "  moecheck check                                  # embedded tiny model, every implementation\n"
+      "  moecheck check                                  # embedded tiny model, every "
+      "implementation\n"
       "  moecheck gen --preset small --layers 2 --seed 7 -o small.gguf\n"
       "  moecheck run --impl emu --model small.gguf --layers 0-1 --tokens 8 --taps -o emu.h5\n"
       "  moecheck diff emu.h5 cuda.h5 --exact\n"
       "  moecheck golden verify\n"
       "  moecheck inspect small.gguf\n"
-      "Exit codes: 0 same (or done), 1 differs, 2 error (bad input: the message names the file and field).");
+      "Exit codes: 0 same (or done), 1 differs, 2 error (bad input: the message names the file and "
+      "field).");
   app.require_subcommand(1);
   int rc = kExitSame;
   add_gen(app, rc);

@@ -53,8 +53,8 @@ std::string mismatch_line(const Mismatch& m, const std::string& dtype) {
   if (dtype == "block_q8_1") s += " block " + std::to_string(m.index);
   else if (m.stage == Stage::kTopkWeights) s += " expert " + std::to_string(m.index);
   else s += " col " + std::to_string(m.index);
-  s += ": A " + hex(m.a_bits, dtype) + " (" + value_text(m.a) + ") B " + hex(m.b_bits, dtype) + " (" +
-       value_text(m.b) + ")";
+  s += ": A " + hex(m.a_bits, dtype) + " (" + value_text(m.a) + ") B " + hex(m.b_bits, dtype) +
+       " (" + value_text(m.b) + ")";
   if (dtype == "bfloat16" || dtype == "float32")
     s += ", " + std::to_string(m.ulp) + (dtype == "bfloat16" ? " bf16" : " f32") + " ulp";
   if (!m.where.empty()) s += "; " + m.where;
@@ -62,8 +62,8 @@ std::string mismatch_line(const Mismatch& m, const std::string& dtype) {
 }
 
 std::string diff_text(const DiffReport& r) {
-  std::string o = "diff " + r.a_path + " (A) vs " + r.b_path + " (B): tolerance " + r.tolerance.describe() +
-                  "; NMSE = sum (a-b)^2 / sum a^2 (A's energy)\n";
+  std::string o = "diff " + r.a_path + " (A) vs " + r.b_path + " (B): tolerance " +
+                  r.tolerance.describe() + "; NMSE = sum (a-b)^2 / sum a^2 (A's energy)\n";
   o += "weights: " + r.model.note + "\n";
   for (const auto* list : {&r.model.only_a, &r.model.only_b}) {
     if (list->empty()) continue;
@@ -76,27 +76,36 @@ std::string diff_text(const DiffReport& r) {
   int failing = 0;
   for (const LayerDiff& l : r.layers) {
     if (!l.pass) ++failing;
-    o += "layer " + std::to_string(l.layer) + ": " + (l.pass ? "same" : "DIFFERS (first failing stage: " + std::string(stage_name(l.first_failing)) + ")") + "\n";
+    o += "layer " + std::to_string(l.layer) + ": " +
+         (l.pass
+              ? "same"
+              : "DIFFERS (first failing stage: " + std::string(stage_name(l.first_failing)) + ")") +
+         "\n";
     const RoutingDiff& rd = l.routing;
-    o += "  routing: " + std::to_string(rd.tokens_differ) + " token(s) differ, " + std::to_string(rd.flips) + " flip(s)";
-    o += rd.flip_list.empty() ? "\n" : "; margins are " + rd.margin_kind + " of the k-th pick minus the (k+1)-th candidate\n";
+    o += "  routing: " + std::to_string(rd.tokens_differ) + " token(s) differ, " +
+         std::to_string(rd.flips) + " flip(s)";
+    o += rd.flip_list.empty() ? "\n"
+                              : "; margins are " + rd.margin_kind +
+                                    " of the k-th pick minus the (k+1)-th candidate\n";
     for (const RoutingFlip& f : rd.flip_list) {
       const std::string a = join_ids(f.only_a), b = join_ids(f.only_b);
-      o += "    token " + std::to_string(f.token) + ": A only {" + a + "}, B only {" + b + "}, margin A " +
-           fmt_num(f.margin_a) + ", B " + fmt_num(f.margin_b) + "\n";
+      o += "    token " + std::to_string(f.token) + ": A only {" + a + "}, B only {" + b +
+           "}, margin A " + fmt_num(f.margin_a) + ", B " + fmt_num(f.margin_b) + "\n";
     }
-    o += "  " + pad("stage", 16) + pad("dtype", 11) + pad("compared", 9) + pad("max_abs", 9) + pad("max_rel", 9) +
-         pad("max_ulp", 11) + pad("nmse", 9) + pad("out", 7) + "verdict\n";
+    o += "  " + pad("stage", 16) + pad("dtype", 11) + pad("compared", 9) + pad("max_abs", 9) +
+         pad("max_rel", 9) + pad("max_ulp", 11) + pad("nmse", 9) + pad("out", 7) + "verdict\n";
     for (const StageDiff& s : l.stages) {
       o += "  " + pad(stage_name(s.stage), 16) + pad(s.dtype, 11);
       if (!s.status.empty()) {
         o += s.status + (s.pass ? "" : "  FAIL") + "\n";
         continue;
       }
-      o += pad(std::to_string(s.compared), 9) + pad(fmt_num(s.max_abs), 9) + pad(fmt_num(s.max_rel), 9) +
-           pad(std::to_string(s.max_ulp), 11) + pad(fmt_num(s.nmse), 9) + pad(std::to_string(s.out_of_tol), 7) +
+      o += pad(std::to_string(s.compared), 9) + pad(fmt_num(s.max_abs), 9) +
+           pad(fmt_num(s.max_rel), 9) + pad(std::to_string(s.max_ulp), 11) +
+           pad(fmt_num(s.nmse), 9) + pad(std::to_string(s.out_of_tol), 7) +
            (s.pass ? "ok" : "FAIL");
-      if (s.skipped_tokens > 0) o += " (" + std::to_string(s.skipped_tokens) + " rows of re-routed tokens left out)";
+      if (s.skipped_tokens > 0)
+        o += " (" + std::to_string(s.skipped_tokens) + " rows of re-routed tokens left out)";
       if (s.nan_mismatch > 0) o += " (" + std::to_string(s.nan_mismatch) + " NaN)";
       if (!s.note.empty()) o += " (" + s.note + ")";
       o += "\n";
@@ -112,23 +121,37 @@ std::string diff_text(const DiffReport& r) {
     }
   }
   o += r.same ? "result: same\n"
-              : "result: DIFFERS (" + std::to_string(failing) + " of " + std::to_string(r.layers.size()) + " layers)\n";
+              : "result: DIFFERS (" + std::to_string(failing) + " of " +
+                    std::to_string(r.layers.size()) + " layers)\n";
   return o;
 }
 
 void diff_json(Json& j, const DiffReport& r) {
   j.begin_object();
-  j.kv("a", r.a_path).kv("b", r.b_path).kv("tolerance", r.tolerance.describe()).kv("same", r.same).kv("note", r.note);
+  j.kv("a", r.a_path)
+      .kv("b", r.b_path)
+      .kv("tolerance", r.tolerance.describe())
+      .kv("same", r.same)
+      .kv("note", r.note);
   j.key("weights").begin_object().kv("kind", r.model.kind).kv("common_slices", r.model.common);
-  j.kv("header_differs", r.model.header_differs).kv("note", r.model.note).key("only_a").begin_array();
+  j.kv("header_differs", r.model.header_differs)
+      .kv("note", r.model.note)
+      .key("only_a")
+      .begin_array();
   for (const std::string& n : r.model.only_a) j.value(n);
   j.end_array().key("only_b").begin_array();
   for (const std::string& n : r.model.only_b) j.value(n);
   j.end_array().end_object();
   j.key("layers").begin_array();
   for (const LayerDiff& l : r.layers) {
-    j.begin_object().kv("layer", l.layer).kv("same", l.pass).kv("first_failing", l.pass ? "" : stage_name(l.first_failing));
-    j.key("routing").begin_object().kv("tokens_differ", l.routing.tokens_differ).kv("flips", l.routing.flips);
+    j.begin_object()
+        .kv("layer", l.layer)
+        .kv("same", l.pass)
+        .kv("first_failing", l.pass ? "" : stage_name(l.first_failing));
+    j.key("routing")
+        .begin_object()
+        .kv("tokens_differ", l.routing.tokens_differ)
+        .kv("flips", l.routing.flips);
     j.kv("margin_kind", l.routing.margin_kind).key("flip_list").begin_array();
     for (const RoutingFlip& f : l.routing.flip_list) {
       j.begin_object().kv("token", f.token).key("only_a").begin_array();
@@ -140,13 +163,26 @@ void diff_json(Json& j, const DiffReport& r) {
     j.end_array().end_object();
     j.key("stages").begin_array();
     for (const StageDiff& s : l.stages) {
-      j.begin_object().kv("stage", stage_name(s.stage)).kv("dtype", s.dtype).kv("status", s.status).kv("pass", s.pass);
+      j.begin_object()
+          .kv("stage", stage_name(s.stage))
+          .kv("dtype", s.dtype)
+          .kv("status", s.status)
+          .kv("pass", s.pass);
       j.kv("compared", s.compared).kv("skipped_tokens", s.skipped_tokens).kv("max_abs", s.max_abs);
-      j.kv("max_rel", s.max_rel).kv("max_ulp", s.max_ulp).kv("nmse", s.nmse).kv("nan_mismatch", s.nan_mismatch);
+      j.kv("max_rel", s.max_rel)
+          .kv("max_ulp", s.max_ulp)
+          .kv("nmse", s.nmse)
+          .kv("nan_mismatch", s.nan_mismatch);
       j.kv("out_of_tolerance", s.out_of_tol).key("first_mismatches").begin_array();
       for (const Mismatch& m : s.first) {
-        j.begin_object().kv("token", m.token).kv("expert", static_cast<int64_t>(m.expert)).kv("index", m.index);
-        j.kv("a", m.a).kv("b", m.b).kv("a_bits", static_cast<uint64_t>(m.a_bits)).kv("b_bits", static_cast<uint64_t>(m.b_bits));
+        j.begin_object()
+            .kv("token", m.token)
+            .kv("expert", static_cast<int64_t>(m.expert))
+            .kv("index", m.index);
+        j.kv("a", m.a)
+            .kv("b", m.b)
+            .kv("a_bits", static_cast<uint64_t>(m.a_bits))
+            .kv("b_bits", static_cast<uint64_t>(m.b_bits));
         j.kv("ulp", m.ulp).kv("where", m.where).end_object();
       }
       j.end_array().end_object();

@@ -43,13 +43,15 @@ Impl parse_impl(const std::string& s, const std::string& where) {
 bool impl_available(Impl i, std::string* why) {
   switch (i) {
     case Impl::kRef:
-    case Impl::kEmu:
-      return true;
+    case Impl::kEmu: return true;
     case Impl::kCuda:
 #if defined(MOECHECK_HAVE_CUDA)
       return moecheck::cuda::device_available(why);
 #else
-      if (why) *why = "cuda implementation not built (this build has no CUDA: nvcc not found or MOECHECK_ENABLE_CUDA=OFF)";
+      if (why)
+        *why =
+            "cuda implementation not built (this build has no CUDA: nvcc not found or "
+            "MOECHECK_ENABLE_CUDA=OFF)";
       return false;
 #endif
   }
@@ -101,8 +103,8 @@ namespace {
 std::string router_name(RouterVariant v) { return v == RouterVariant::kPlain ? "plain" : "staged"; }
 
 // One layer forward on the chosen implementation, with every stage in `taps`.
-std::vector<uint16_t> forward_one(const RunSpec& spec, const LayerWeights& w, const std::vector<uint16_t>& x,
-                                  int64_t T, LayerTaps* taps) {
+std::vector<uint16_t> forward_one(const RunSpec& spec, const LayerWeights& w,
+                                  const std::vector<uint16_t>& x, int64_t T, LayerTaps* taps) {
   switch (spec.impl) {
     case Impl::kRef: {
       const ref::MoE moe(w, spec.knobs.precision == RefPrecision::kExact ? ref::Precision::kExact
@@ -146,7 +148,8 @@ DumpMeta make_meta(const LoadedModel& m, const RunSpec& spec) {
       meta.device = "cpu";
       break;
     case Impl::kEmu:
-      meta.knobs = {{"router", router_name(k.router)}, {"expert_warps", std::to_string(k.expert_warps)}};
+      meta.knobs = {{"router", router_name(k.router)},
+                    {"expert_warps", std::to_string(k.expert_warps)}};
       meta.device = "cpu";
       break;
     case Impl::kCuda:
@@ -190,8 +193,8 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
     for (int l = 0; l < m.file.n_layers(); ++l) layers.push_back(l);
   for (int l : layers)
     if (l >= m.file.n_layers())
-      throw InputError("--layers: layer " + std::to_string(l) + " is not in " + m.path + " (it has " +
-                       std::to_string(m.file.n_layers()) + " layers)");
+      throw InputError("--layers: layer " + std::to_string(l) + " is not in " + m.path +
+                       " (it has " + std::to_string(m.file.n_layers()) + " layers)");
 
   Dump d;
   d.meta = make_meta(m, spec);
@@ -199,12 +202,15 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
   if (!spec.input.dump_path.empty()) {
     in = std::make_unique<Dump>(read_dump(spec.input.dump_path));
     if (in->meta.config.dim != c.dim)
-      throw InputError(spec.input.dump_path + ": attribute config.dim is " + std::to_string(in->meta.config.dim) +
-                       ", the model " + m.path + " has dim " + std::to_string(c.dim));
+      throw InputError(spec.input.dump_path + ": attribute config.dim is " +
+                       std::to_string(in->meta.config.dim) + ", the model " + m.path + " has dim " +
+                       std::to_string(c.dim));
     d.meta.tokens = in->meta.tokens;
     d.meta.input_source = "dump:" + std::filesystem::path(spec.input.dump_path).filename().string();
   } else {
-    if (spec.tokens <= 0) throw InputError("--tokens: expected a positive token count, found " + std::to_string(spec.tokens));
+    if (spec.tokens <= 0)
+      throw InputError("--tokens: expected a positive token count, found " +
+                       std::to_string(spec.tokens));
     d.meta.tokens = spec.tokens;
     d.meta.input_source = spec.input.chain ? "seed+chain" : "seed";
     d.meta.input_seed = spec.input.seed;
@@ -218,8 +224,8 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
     if (in) {
       auto it = std::find(in->meta.layers.begin(), in->meta.layers.end(), L);
       if (it == in->meta.layers.end())
-        throw InputError(spec.input.dump_path + ": no /layers/" + std::to_string(L) + " to take the input of layer " +
-                         std::to_string(L) + " from");
+        throw InputError(spec.input.dump_path + ": no /layers/" + std::to_string(L) +
+                         " to take the input of layer " + std::to_string(L) + " from");
       x = in->layers[static_cast<size_t>(it - in->meta.layers.begin())].input;
     } else if (spec.input.chain && i > 0) {
       x = carried;

@@ -37,16 +37,17 @@ struct ImplKnobs {
 };
 
 struct InputSpec {
-  uint64_t seed = 1;           // seeded inputs: layer L gets generate_input(input_layer_seed(seed, L), T, dim)
-  std::string dump_path;       // non-empty: the dump's input of each layer (same layer id)
-  bool chain = false;          // layer L+1's input is layer L's output (in the order run)
+  uint64_t seed =
+      1;  // seeded inputs: layer L gets generate_input(input_layer_seed(seed, L), T, dim)
+  std::string dump_path;  // non-empty: the dump's input of each layer (same layer id)
+  bool chain = false;     // layer L+1's input is layer L's output (in the order run)
 };
 
 struct RunSpec {
   Impl impl = Impl::kEmu;
   ImplKnobs knobs;
-  std::vector<int> layers;     // empty: every layer of the model
-  int64_t tokens = 8;          // ignored with a dump input (the dump's token count is used)
+  std::vector<int> layers;  // empty: every layer of the model
+  int64_t tokens = 8;       // ignored with a dump input (the dump's token count is used)
   InputSpec input;
   bool taps = false;
 };
@@ -62,7 +63,8 @@ struct LoadedModel {
 };
 LoadedModel load_model(const std::string& path, bool hash_file = false);
 
-// The per-layer input seed: stream_key(seed, layer, 0x696e707574 ("input"), 0) of golden/generator.h.
+// The per-layer input seed: stream_key(seed, layer, 0x696e707574 ("input"), 0) of
+// golden/generator.h.
 uint64_t input_layer_seed(uint64_t seed, int layer);
 
 // "0,2-5" -> {0, 2, 3, 4, 5}; sorted, unique; InputError naming --layers on bad syntax.

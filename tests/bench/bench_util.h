@@ -55,15 +55,17 @@ inline double copy_bandwidth_gbs() {
   MOECHECK_CUDA_CHECK(cudaMalloc(&a, n));
   MOECHECK_CUDA_CHECK(cudaMalloc(&b, n));
   MOECHECK_CUDA_CHECK(cudaMemset(a, 0x5A, n));
-  const double ms = time_ms([&] { MOECHECK_CUDA_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, nullptr)); }, 3, 25,
-                            nullptr);
+  const double ms = time_ms(
+      [&] { MOECHECK_CUDA_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, nullptr)); }, 3,
+      25, nullptr);
   MOECHECK_CUDA_CHECK(cudaFree(a));
   MOECHECK_CUDA_CHECK(cudaFree(b));
   return 2.0 * static_cast<double>(n) / (ms * 1e-3) / 1e9;
 }
 
 __global__ void fill_random_kernel(uint8_t* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n / 8; i += size_t{gridDim.x} * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n / 8;
+       i += size_t{gridDim.x} * blockDim.x) {
     uint64_t z = seed + i * 0x9E3779B97F4A7C15ull;  // splitmix64 finaliser
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -87,20 +89,26 @@ std::vector<T> to_host(const void* d, size_t n) {
 
 // The kernel's result against the emulation's, bitwise; exit 1 on the first difference.
 template <class T>
-void require_emu_bits(const std::string& what, const std::vector<T>& got, const std::vector<T>& emu) {
+void require_emu_bits(const std::string& what, const std::vector<T>& got,
+                      const std::vector<T>& emu) {
   if (got.size() != emu.size()) {
-    std::fprintf(stderr, "bench: %s has %zu values, the emulation %zu\n", what.c_str(), got.size(), emu.size());
+    std::fprintf(stderr, "bench: %s has %zu values, the emulation %zu\n", what.c_str(), got.size(),
+                 emu.size());
     std::exit(1);
   }
   const auto* a = reinterpret_cast<const unsigned char*>(got.data());
   const auto* b = reinterpret_cast<const unsigned char*>(emu.data());
   for (size_t i = 0; i < emu.size() * sizeof(T); ++i) {
     if (a[i] == b[i]) continue;
-    std::fprintf(stderr, "bench: %s differs from the emulation at element %zu (byte %zu: 0x%02x vs 0x%02x); "
-                         "not timing a wrong kernel\n", what.c_str(), i / sizeof(T), i % sizeof(T), a[i], b[i]);
+    std::fprintf(
+        stderr,
+        "bench: %s differs from the emulation at element %zu (byte %zu: 0x%02x vs 0x%02x); "
+        "not timing a wrong kernel\n",
+        what.c_str(), i / sizeof(T), i % sizeof(T), a[i], b[i]);
     std::exit(1);
   }
-  std::printf("validated %s against the emulation: %zu values bitwise equal\n", what.c_str(), emu.size());
+  std::printf("validated %s against the emulation: %zu values bitwise equal\n", what.c_str(),
+              emu.size());
 }
 
 // The same for a result in device memory (emu.size() elements of T at dev).

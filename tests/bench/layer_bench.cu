@@ -67,7 +67,8 @@ int main() {
       eo.router = v.opt.router;
       eo.expert_warps = v.opt.expert_warps;
       const std::vector<uint16_t> want = emu::MoeLayer(w, eo).forward(xs[0].data(), v.T);
-      bench::require_emu_bits("layer output (" + v.name + ")", layer.forward(xs[0].data(), v.T), want);
+      bench::require_emu_bits("layer output (" + v.name + ")", layer.forward(xs[0].data(), v.T),
+                              want);
     }
     for (int i = 0; i < 20; ++i) layer.forward(xs[i % xs.size()].data(), v.T);
     std::vector<double> t, route;
@@ -76,7 +77,8 @@ int main() {
       LayerTiming tm;
       const auto a = std::chrono::steady_clock::now();
       layer.forward(xs[i % xs.size()].data(), v.T, nullptr, &tm);
-      t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+      t.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
       route.push_back(tm.route_ms);
       bytes += tm.bytes_read;
     }
@@ -87,11 +89,14 @@ int main() {
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  std::printf("\n### layer_bench: ds41 layer, %s, %s, copy %.0f GB/s\n\n", bench::gpu_name().c_str(), date, copy);
-  std::printf("| options | T | forward us (median) | until routed us | floor us | forward / floor |\n"
-              "|---|---|---|---|---|---|\n");
+  std::printf("\n### layer_bench: ds41 layer, %s, %s, copy %.0f GB/s\n\n",
+              bench::gpu_name().c_str(), date, copy);
+  std::printf(
+      "| options | T | forward us (median) | until routed us | floor us | forward / floor |\n"
+      "|---|---|---|---|---|---|\n");
   for (const Result& r : res)
-    std::printf("| %s | %lld | %.1f | %.1f | %.1f | %.2fx |\n", r.name.c_str(), static_cast<long long>(r.T),
-                r.ms * 1e3, r.route_ms * 1e3, r.floor_ms * 1e3, r.ms / r.floor_ms);
+    std::printf("| %s | %lld | %.1f | %.1f | %.1f | %.2fx |\n", r.name.c_str(),
+                static_cast<long long>(r.T), r.ms * 1e3, r.route_ms * 1e3, r.floor_ms * 1e3,
+                r.ms / r.floor_ms);
   return 0;
 }

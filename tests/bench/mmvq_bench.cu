@@ -3,8 +3,9 @@
 // and 8 warps, the router GEMV (plain, staged) and the shared expert's bf16 GEMVs. Each kernel is
 // first checked bit for bit against its emulation twin on the same bytes (exit 1 if not). Each
 // result is weight bytes / kernel time against the device-to-device copy bandwidth measured
-// first in this process. Weights rotate among sets whose total is several times L2, so no launch finds its
-// weights cached; launches are replayed from a CUDA graph (launch gaps out). Markdown table last.
+// first in this process. Weights rotate among sets whose total is several times L2, so no launch
+// finds its weights cached; launches are replayed from a CUDA graph (launch gaps out). Markdown
+// table last.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -54,8 +55,8 @@ int main() {
   cudaStream_t s;
   MOECHECK_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const int64_t dim = 5120, inter = 2304, nsel = 6, sets = 8;
-  const int64_t gate_stride = inter * row_bytes(GgmlType::kQ2K, dim);    // 3,870,720 B
-  const int64_t down_stride = dim * row_bytes(GgmlType::kQ3K, inter);    // 5,068,800 B
+  const int64_t gate_stride = inter * row_bytes(GgmlType::kQ2K, dim);  // 3,870,720 B
+  const int64_t down_stride = dim * row_bytes(GgmlType::kQ3K, inter);  // 5,068,800 B
   // 2 * sets * 6 gate-shaped experts (gate and up) and sets * 6 down experts: 371 + 243 MB.
   uint8_t *gate_pool = nullptr, *down_pool = nullptr;
   MOECHECK_CUDA_CHECK(cudaMalloc(&gate_pool, 2 * sets * nsel * gate_stride));
@@ -65,12 +66,14 @@ int main() {
   // Slot tables: set i's gate (6), gate+up (12), down (6).
   std::vector<const uint8_t*> tab;
   for (int64_t i = 0; i < sets; ++i) {
-    for (int64_t e = 0; e < 2 * nsel; ++e) tab.push_back(gate_pool + (2 * i * nsel + e) * gate_stride);
+    for (int64_t e = 0; e < 2 * nsel; ++e)
+      tab.push_back(gate_pool + (2 * i * nsel + e) * gate_stride);
     for (int64_t e = 0; e < nsel; ++e) tab.push_back(down_pool + (i * nsel + e) * down_stride);
   }
   const uint8_t** d_tab = nullptr;
   MOECHECK_CUDA_CHECK(cudaMalloc(&d_tab, tab.size() * sizeof(void*)));
-  MOECHECK_CUDA_CHECK(cudaMemcpy(d_tab, tab.data(), tab.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  MOECHECK_CUDA_CHECK(
+      cudaMemcpy(d_tab, tab.data(), tab.size() * sizeof(void*), cudaMemcpyHostToDevice));
   BlockQ8_1 *x_q8 = nullptr, *h_q8 = nullptr;
   float* y = nullptr;
   MOECHECK_CUDA_CHECK(cudaMalloc(&x_q8, dim / 32 * sizeof(BlockQ8_1)));
@@ -83,19 +86,23 @@ int main() {
   {
     const auto gates = bench::to_host<uint8_t>(gate_pool, 2 * nsel * gate_stride);
     const auto downs = bench::to_host<uint8_t>(down_pool, nsel * down_stride);
-    const auto xq = bench::to_host<BlockQ8_1>(x_q8, dim / 32), hq = bench::to_host<BlockQ8_1>(h_q8, nsel * inter / 32);
+    const auto xq = bench::to_host<BlockQ8_1>(x_q8, dim / 32),
+               hq = bench::to_host<BlockQ8_1>(h_q8, nsel * inter / 32);
     std::vector<const uint8_t*> hg, hd;
     for (int64_t e = 0; e < 2 * nsel; ++e) hg.push_back(gates.data() + e * gate_stride);
     for (int64_t e = 0; e < nsel; ++e) hd.push_back(downs.data() + e * down_stride);
-    std::vector<float> want_gu(static_cast<size_t>(2 * nsel * inter)), want_d(static_cast<size_t>(nsel * dim));
-    emu::mmvq_experts(GgmlType::kQ2K, hg.data(), 2 * nsel, xq.data(), false, want_gu.data(), inter, dim);
+    std::vector<float> want_gu(static_cast<size_t>(2 * nsel * inter)),
+        want_d(static_cast<size_t>(nsel * dim));
+    emu::mmvq_experts(GgmlType::kQ2K, hg.data(), 2 * nsel, xq.data(), false, want_gu.data(), inter,
+                      dim);
     emu::mmvq_experts(GgmlType::kQ3K, hd.data(), nsel, hq.data(), true, want_d.data(), dim, inter);
     for (int warps : {2, 4, 8}) {
       const std::string w = " at " + std::to_string(warps) + " warps";
       cuda::mmvq_experts(GgmlType::kQ2K, d_tab, 2 * nsel, x_q8, false, y, inter, dim, warps, s);
       MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
       bench::require_emu_bits("mmvq_experts Q2_K gate+up" + w, y, want_gu);
-      cuda::mmvq_experts(GgmlType::kQ3K, d_tab + 2 * nsel, nsel, h_q8, true, y, dim, inter, warps, s);
+      cuda::mmvq_experts(GgmlType::kQ3K, d_tab + 2 * nsel, nsel, h_q8, true, y, dim, inter, warps,
+                         s);
       MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
       bench::require_emu_bits("mmvq_experts Q3_K down" + w, y, want_d);
     }
@@ -105,28 +112,42 @@ int main() {
   const int n = 4 * static_cast<int>(sets);  // launches per graph, rotating the sets
   auto table = [&](int i) { return d_tab + (i % sets) * 3 * nsel; };
   for (int warps : {2, 4, 8}) {
-    double us = graph_us([&](int i, cudaStream_t st) {
-      cuda::mmvq_experts(GgmlType::kQ2K, table(i), nsel, x_q8, false, y, inter, dim, warps, st);
-    }, n, s);
+    double us = graph_us(
+        [&](int i, cudaStream_t st) {
+          cuda::mmvq_experts(GgmlType::kQ2K, table(i), nsel, x_q8, false, y, inter, dim, warps, st);
+        },
+        n, s);
     double b = static_cast<double>(nsel * gate_stride);
-    rows.push_back({"mmvq_experts Q2_K gate", "6 x [2304, 5120]", warps, us, b / us * 1e-3, b / us * 1e-3 / copy});
-    us = graph_us([&](int i, cudaStream_t st) {
-      cuda::mmvq_experts(GgmlType::kQ2K, table(i), 2 * nsel, x_q8, false, y, inter, dim, warps, st);
-    }, n, s);
+    rows.push_back({"mmvq_experts Q2_K gate", "6 x [2304, 5120]", warps, us, b / us * 1e-3,
+                    b / us * 1e-3 / copy});
+    us = graph_us(
+        [&](int i, cudaStream_t st) {
+          cuda::mmvq_experts(GgmlType::kQ2K, table(i), 2 * nsel, x_q8, false, y, inter, dim, warps,
+                             st);
+        },
+        n, s);
     b = static_cast<double>(2 * nsel * gate_stride);
-    rows.push_back({"mmvq_experts Q2_K gate+up", "12 x [2304, 5120]", warps, us, b / us * 1e-3, b / us * 1e-3 / copy});
-    us = graph_us([&](int i, cudaStream_t st) {
-      cuda::mmvq_experts(GgmlType::kQ3K, table(i) + 2 * nsel, nsel, h_q8, true, y, dim, inter, warps, st);
-    }, n, s);
+    rows.push_back({"mmvq_experts Q2_K gate+up", "12 x [2304, 5120]", warps, us, b / us * 1e-3,
+                    b / us * 1e-3 / copy});
+    us = graph_us(
+        [&](int i, cudaStream_t st) {
+          cuda::mmvq_experts(GgmlType::kQ3K, table(i) + 2 * nsel, nsel, h_q8, true, y, dim, inter,
+                             warps, st);
+        },
+        n, s);
     b = static_cast<double>(nsel * down_stride);
-    rows.push_back({"mmvq_experts Q3_K down", "6 x [5120, 2304]", warps, us, b / us * 1e-3, b / us * 1e-3 / copy});
+    rows.push_back({"mmvq_experts Q3_K down", "6 x [5120, 2304]", warps, us, b / us * 1e-3,
+                    b / us * 1e-3 / copy});
   }
   // Stream launches (no graph) of the gate+up form, for the launch overhead.
   {
     int i = 0;
-    const double ms = time_ms([&] {
-      cuda::mmvq_experts(GgmlType::kQ2K, table(i++), 2 * nsel, x_q8, false, y, inter, dim, 8, s);
-    }, 5, 50, s);
+    const double ms = time_ms(
+        [&] {
+          cuda::mmvq_experts(GgmlType::kQ2K, table(i++), 2 * nsel, x_q8, false, y, inter, dim, 8,
+                             s);
+        },
+        5, 50, s);
     const double b = static_cast<double>(2 * nsel * gate_stride);
     rows.push_back({"mmvq_experts Q2_K gate+up (stream, events)", "12 x [2304, 5120]", 8, ms * 1e3,
                     b / (ms * 1e3) * 1e-3, b / (ms * 1e3) * 1e-3 / copy});
@@ -140,20 +161,25 @@ int main() {
     MOECHECK_CUDA_CHECK(cudaMalloc(&x, 8 * dim * 2));
     bench::fill_random(rpool, ncopy * rb, 5);
     bench::fill_random(x, 8 * dim * 2, 6);
-    const auto hr = bench::to_host<uint16_t>(rpool, nr * dim), hx = bench::to_host<uint16_t>(x, dim);
+    const auto hr = bench::to_host<uint16_t>(rpool, nr * dim),
+               hx = bench::to_host<uint16_t>(x, dim);
     for (RouterVariant v : {RouterVariant::kPlain, RouterVariant::kStaged}) {
       std::vector<float> want(static_cast<size_t>(nr));
       emu::router_gemv(v, hr.data(), hx.data(), want.data(), nr, dim, 1);
       cuda::router_gemv(v, reinterpret_cast<const uint16_t*>(rpool), x, y, nr, dim, 1, s);
       MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-      bench::require_emu_bits(v == RouterVariant::kPlain ? "router_gemv plain" : "router_gemv staged", y, want);
+      bench::require_emu_bits(
+          v == RouterVariant::kPlain ? "router_gemv plain" : "router_gemv staged", y, want);
     }
     for (RouterVariant v : {RouterVariant::kPlain, RouterVariant::kStaged}) {
-      const double us = graph_us([&](int i, cudaStream_t st) {
-        cuda::router_gemv(v, reinterpret_cast<const uint16_t*>(rpool + (i % ncopy) * rb), x, y, nr, dim, 1, st);
-      }, n, s);
-      rows.push_back({v == RouterVariant::kPlain ? "router_gemv plain" : "router_gemv staged", "[384, 5120] T=1", 0, us,
-                      rb / us * 1e-3, rb / us * 1e-3 / copy});
+      const double us = graph_us(
+          [&](int i, cudaStream_t st) {
+            cuda::router_gemv(v, reinterpret_cast<const uint16_t*>(rpool + (i % ncopy) * rb), x, y,
+                              nr, dim, 1, st);
+          },
+          n, s);
+      rows.push_back({v == RouterVariant::kPlain ? "router_gemv plain" : "router_gemv staged",
+                      "[384, 5120] T=1", 0, us, rb / us * 1e-3, rb / us * 1e-3 / copy});
     }
     const int64_t sb = inter * dim * 2, nsh = 4;  // 4 copies of (gate, up, down): 283 MB
     uint8_t* spool = nullptr;
@@ -162,11 +188,16 @@ int main() {
     MOECHECK_CUDA_CHECK(cudaMalloc(&hb, 8 * inter * 2));
     bench::fill_random(spool, 3 * nsh * sb, 7);
     bench::fill_random(hb, 8 * inter * 2, 8);
-    auto mat = [&](int i, int k) { return reinterpret_cast<const uint16_t*>(spool + ((i % nsh) * 3 + k) * sb); };
+    auto mat = [&](int i, int k) {
+      return reinterpret_cast<const uint16_t*>(spool + ((i % nsh) * 3 + k) * sb);
+    };
     {
-      const auto hs = bench::to_host<uint16_t>(spool, 3 * inter * dim), hh = bench::to_host<uint16_t>(hb, inter);
-      std::vector<float> want_g(static_cast<size_t>(inter)), want_u(want_g.size()), want_d(static_cast<size_t>(dim));
-      emu::bf16_gemv_pair(hs.data(), hs.data() + inter * dim, hx.data(), want_g.data(), want_u.data(), inter, dim, 1);
+      const auto hs = bench::to_host<uint16_t>(spool, 3 * inter * dim),
+                 hh = bench::to_host<uint16_t>(hb, inter);
+      std::vector<float> want_g(static_cast<size_t>(inter)), want_u(want_g.size()),
+          want_d(static_cast<size_t>(dim));
+      emu::bf16_gemv_pair(hs.data(), hs.data() + inter * dim, hx.data(), want_g.data(),
+                          want_u.data(), inter, dim, 1);
       emu::bf16_gemv(hs.data() + 2 * inter * dim, hh.data(), want_d.data(), dim, inter, 1);
       cuda::bf16_gemv_pair(mat(0, 0), mat(0, 1), x, y, y + inter, inter, dim, 1, s);
       MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -176,20 +207,28 @@ int main() {
       MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
       bench::require_emu_bits("bf16_gemv shared down", y, want_d);
     }
-    double us = graph_us([&](int i, cudaStream_t st) {
-      cuda::bf16_gemv_pair(mat(i, 0), mat(i, 1), x, y, y + inter, inter, dim, 1, st);
-    }, n, s);
-    rows.push_back({"bf16_gemv_pair shared gate+up", "2 x [2304, 5120] T=1", 0, us, 2.0 * sb / us * 1e-3,
-                    2.0 * sb / us * 1e-3 / copy});
-    us = graph_us([&](int i, cudaStream_t st) { cuda::bf16_gemv(mat(i, 2), hb, y, dim, inter, 1, st); }, n, s);
-    rows.push_back({"bf16_gemv shared down", "[5120, 2304] T=1", 0, us, sb / us * 1e-3, sb / us * 1e-3 / copy});
+    double us = graph_us(
+        [&](int i, cudaStream_t st) {
+          cuda::bf16_gemv_pair(mat(i, 0), mat(i, 1), x, y, y + inter, inter, dim, 1, st);
+        },
+        n, s);
+    rows.push_back({"bf16_gemv_pair shared gate+up", "2 x [2304, 5120] T=1", 0, us,
+                    2.0 * sb / us * 1e-3, 2.0 * sb / us * 1e-3 / copy});
+    us = graph_us(
+        [&](int i, cudaStream_t st) { cuda::bf16_gemv(mat(i, 2), hb, y, dim, inter, 1, st); }, n,
+        s);
+    rows.push_back({"bf16_gemv shared down", "[5120, 2304] T=1", 0, us, sb / us * 1e-3,
+                    sb / us * 1e-3 / copy});
   }
 
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  std::printf("\n### mmvq_bench: %s, %s, copy %.0f GB/s\n\n", bench::gpu_name().c_str(), date, copy);
-  std::printf("| kernel | shape | warps | us / launch | weight GB/s | of copy |\n|---|---|---|---|---|---|\n");
+  std::printf("\n### mmvq_bench: %s, %s, copy %.0f GB/s\n\n", bench::gpu_name().c_str(), date,
+              copy);
+  std::printf(
+      "| kernel | shape | warps | us / launch | weight GB/s | of copy "
+      "|\n|---|---|---|---|---|---|\n");
   for (const Row& r : rows)
     std::printf("| %s | %s | %s | %.2f | %.0f | %.0f%% |\n", r.kernel.c_str(), r.shape.c_str(),
                 r.warps ? std::to_string(r.warps).c_str() : "-", r.us, r.gbs, 100.0 * r.frac);

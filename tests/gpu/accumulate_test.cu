@@ -35,7 +35,8 @@ TEST(Accumulate, EqualsEmu_100Seeds) {
       down[g.u32() % down.size()] = std::nanf("");
       down[g.u32() % down.size()] = INFINITY;
       shared[g.u32() % shared.size()] = 3.0e38f;
-      for (size_t i = 0; i < shared.size(); i += 5) shared[i] = bf16_to_f32(0x3F81) + std::ldexp(1.0f, -8);  // bf16 tie
+      for (size_t i = 0; i < shared.size(); i += 5)
+        shared[i] = bf16_to_f32(0x3F81) + std::ldexp(1.0f, -8);  // bf16 tie
     }
     // The layer's form: rows of down and weights per token in ascending expert id.
     std::vector<int32_t> rows(ids.size());
@@ -43,7 +44,8 @@ TEST(Accumulate, EqualsEmu_100Seeds) {
     for (int64_t t = 0; t < T; ++t) {
       std::vector<int64_t> ord(static_cast<size_t>(topk));
       std::iota(ord.begin(), ord.end(), int64_t{0});
-      std::sort(ord.begin(), ord.end(), [&](int64_t a, int64_t b) { return ids[t * topk + a] < ids[t * topk + b]; });
+      std::sort(ord.begin(), ord.end(),
+                [&](int64_t a, int64_t b) { return ids[t * topk + a] < ids[t * topk + b]; });
       for (int64_t k = 0; k < topk; ++k) {
         rows[t * topk + k] = static_cast<int32_t>(t * topk + ord[k]);
         w_sorted[t * topk + k] = weights[t * topk + ord[k]];
@@ -51,7 +53,8 @@ TEST(Accumulate, EqualsEmu_100Seeds) {
     }
     std::vector<float> acc(static_cast<size_t>(T * dim));
     std::vector<uint16_t> y(acc.size());
-    emu::accumulate(rows.data(), w_sorted.data(), topk, down.data(), shared.data(), acc.data(), y.data(), T, dim);
+    emu::accumulate(rows.data(), w_sorted.data(), topk, down.data(), shared.data(), acc.data(),
+                    y.data(), T, dim);
     DevArray<int32_t> drows(rows);
     DevArray<float> dw(w_sorted), dd(down), ds(shared), dacc(acc.size());
     DevArray<uint16_t> dy(y.size()), dy2(y.size());
@@ -59,7 +62,8 @@ TEST(Accumulate, EqualsEmu_100Seeds) {
     for (int run = 0; run < 2; ++run) {
       dacc.poison();
       dy.poison();
-      cuda::accumulate(drows.get(), dw.get(), topk, dd.get(), ds.get(), dacc.get(), dy.get(), T, dim, nullptr);
+      cuda::accumulate(drows.get(), dw.get(), topk, dd.get(), ds.get(), dacc.get(), dy.get(), T,
+                       dim, nullptr);
       ASSERT_TRUE(gputest::same_f32("acc", dacc.host(), acc, dim, r));
       ASSERT_TRUE(gputest::same_u16("output", dy.host(), y, dim, r));
     }

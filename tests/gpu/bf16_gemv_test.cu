@@ -18,8 +18,9 @@ void check(uint64_t seed) {
   emu::bf16_gemv(c.w.data(), c.x.data(), want.data(), c.rows, c.K, c.T);
   DevArray<uint16_t> dw(c.w), dx(c.x);
   DevArray<float> dy(want.size());
-  const std::string r = gputest::repro(seed, "rows=" + std::to_string(c.rows) + " K=" + std::to_string(c.K) +
-                                                 " T=" + std::to_string(c.T));
+  const std::string r =
+      gputest::repro(seed, "rows=" + std::to_string(c.rows) + " K=" + std::to_string(c.K) +
+                               " T=" + std::to_string(c.T));
   for (int run = 0; run < 2; ++run) {
     dy.poison();
     cuda::bf16_gemv(dw.get(), dx.get(), dy.get(), c.rows, c.K, c.T, nullptr);

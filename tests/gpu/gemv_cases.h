@@ -31,8 +31,10 @@ inline GemvCase make_gemv_case(uint64_t seed) {
         std::copy_n(c.w.begin() + (r - 1) * c.K, c.K, c.w.begin() + r * c.K);
       break;
     case 2:  // large magnitudes (products near f32 overflow) and subnormal bf16
-      for (size_t i = 0; i < c.x.size(); i += 7) c.x[i] = static_cast<uint16_t>(0x7F00 | (g.u32() & 0x7F));
-      for (size_t i = 3; i < c.w.size(); i += 11) c.w[i] = static_cast<uint16_t>(1 + g.u32() % 0x7F);
+      for (size_t i = 0; i < c.x.size(); i += 7)
+        c.x[i] = static_cast<uint16_t>(0x7F00 | (g.u32() & 0x7F));
+      for (size_t i = 3; i < c.w.size(); i += 11)
+        c.w[i] = static_cast<uint16_t>(1 + g.u32() % 0x7F);
       break;
     case 3:  // NaN and Inf in one token
       c.x[g.u32() % c.K] = 0x7FC1;

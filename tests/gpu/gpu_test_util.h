@@ -14,17 +14,16 @@
 #include <string>
 #include <vector>
 
-#include "cuda/moe_layer.h"
 #include "core/blocks.h"
 #include "core/numfmt.h"
+#include "cuda/moe_layer.h"
 
-#define MOECHECK_REQUIRE_GPU()                                               \
-  do {                                                                       \
-    std::string moecheck_why_;                                               \
-    if (!::moecheck::cuda::device_available(&moecheck_why_))                 \
-      GTEST_SKIP() << "no usable CUDA device: " << moecheck_why_;            \
+#define MOECHECK_REQUIRE_GPU()                                    \
+  do {                                                            \
+    std::string moecheck_why_;                                    \
+    if (!::moecheck::cuda::device_available(&moecheck_why_))      \
+      GTEST_SKIP() << "no usable CUDA device: " << moecheck_why_; \
   } while (0)
-
 
 namespace moecheck::gputest {
 
@@ -38,9 +37,12 @@ class DevArray {
     if (p_ != nullptr) (void)cudaMemset(p_, 0xFF, bytes() + 16);
   }
   explicit DevArray(const std::vector<T>& v) : DevArray(v.size()) {
-    if (p_ != nullptr && !v.empty()) (void)cudaMemcpy(p_, v.data(), bytes(), cudaMemcpyHostToDevice);
+    if (p_ != nullptr && !v.empty())
+      (void)cudaMemcpy(p_, v.data(), bytes(), cudaMemcpyHostToDevice);
   }
-  ~DevArray() { if (p_ != nullptr) (void)cudaFree(p_); }
+  ~DevArray() {
+    if (p_ != nullptr) (void)cudaFree(p_);
+  }
   DevArray(const DevArray&) = delete;
   DevArray& operator=(const DevArray&) = delete;
   T* get() const { return static_cast<T*>(p_); }
@@ -78,53 +80,61 @@ inline ::testing::AssertionResult same_f32(const std::string& stage, const std::
                                            const std::vector<float>& want, int64_t cols,
                                            const std::string& repro) {
   if (got.size() != want.size())
-    return ::testing::AssertionFailure() << stage << ": size " << got.size() << " vs emu " << want.size()
-                                         << "\n  repro: " << repro;
+    return ::testing::AssertionFailure() << stage << ": size " << got.size() << " vs emu "
+                                         << want.size() << "\n  repro: " << repro;
   for (size_t i = 0; i < got.size(); ++i) {
     if (f32_bits(got[i]) != f32_bits(want[i])) {
       return ::testing::AssertionFailure()
-             << "first mismatch in " << stage << " at token/row " << static_cast<int64_t>(i) / cols << ", column "
-             << static_cast<int64_t>(i) % cols << ": cuda " << got[i] << " (" << hex32(f32_bits(got[i])) << ") vs emu "
-             << want[i] << " (" << hex32(f32_bits(want[i])) << "), " << ulp_distance(got[i], want[i])
+             << "first mismatch in " << stage << " at token/row " << static_cast<int64_t>(i) / cols
+             << ", column " << static_cast<int64_t>(i) % cols << ": cuda " << got[i] << " ("
+             << hex32(f32_bits(got[i])) << ") vs emu " << want[i] << " ("
+             << hex32(f32_bits(want[i])) << "), " << ulp_distance(got[i], want[i])
              << " ulp\n  repro: " << repro;
     }
   }
   return ::testing::AssertionSuccess();
 }
 
-inline ::testing::AssertionResult same_u16(const std::string& stage, const std::vector<uint16_t>& got,
+inline ::testing::AssertionResult same_u16(const std::string& stage,
+                                           const std::vector<uint16_t>& got,
                                            const std::vector<uint16_t>& want, int64_t cols,
                                            const std::string& repro) {
   if (got.size() != want.size())
-    return ::testing::AssertionFailure() << stage << ": size " << got.size() << " vs emu " << want.size()
-                                         << "\n  repro: " << repro;
+    return ::testing::AssertionFailure() << stage << ": size " << got.size() << " vs emu "
+                                         << want.size() << "\n  repro: " << repro;
   for (size_t i = 0; i < got.size(); ++i) {
     if (got[i] != want[i]) {
       return ::testing::AssertionFailure()
-             << "first mismatch in " << stage << " at token/row " << static_cast<int64_t>(i) / cols << ", column "
-             << static_cast<int64_t>(i) % cols << ": cuda " << hex32(got[i]) << " (" << bf16_to_f32(got[i])
-             << ") vs emu " << hex32(want[i]) << " (" << bf16_to_f32(want[i]) << "), "
-             << ulp_distance(bf16_to_f32(got[i]), bf16_to_f32(want[i])) / 65536 << " bf16 ulp\n  repro: " << repro;
+             << "first mismatch in " << stage << " at token/row " << static_cast<int64_t>(i) / cols
+             << ", column " << static_cast<int64_t>(i) % cols << ": cuda " << hex32(got[i]) << " ("
+             << bf16_to_f32(got[i]) << ") vs emu " << hex32(want[i]) << " (" << bf16_to_f32(want[i])
+             << "), " << ulp_distance(bf16_to_f32(got[i]), bf16_to_f32(want[i])) / 65536
+             << " bf16 ulp\n  repro: " << repro;
     }
   }
   return ::testing::AssertionSuccess();
 }
 
-inline ::testing::AssertionResult same_q8(const std::string& stage, const std::vector<BlockQ8_1>& got,
-                                          const std::vector<BlockQ8_1>& want, int64_t blocks_per_row,
-                                          const std::string& repro) {
+inline ::testing::AssertionResult same_q8(const std::string& stage,
+                                          const std::vector<BlockQ8_1>& got,
+                                          const std::vector<BlockQ8_1>& want,
+                                          int64_t blocks_per_row, const std::string& repro) {
   if (got.size() != want.size())
-    return ::testing::AssertionFailure() << stage << ": " << got.size() << " blocks vs emu " << want.size()
-                                         << "\n  repro: " << repro;
+    return ::testing::AssertionFailure() << stage << ": " << got.size() << " blocks vs emu "
+                                         << want.size() << "\n  repro: " << repro;
   for (size_t i = 0; i < got.size(); ++i) {
     if (std::memcmp(&got[i], &want[i], sizeof(BlockQ8_1)) != 0) {
       int j = 0;
       while (j < kQK8_1 && got[i].qs[j] == want[i].qs[j]) ++j;
       return ::testing::AssertionFailure()
-             << "first mismatch in " << stage << " at row " << static_cast<int64_t>(i) / blocks_per_row << ", block "
-             << static_cast<int64_t>(i) % blocks_per_row << ": d " << hex32(got[i].d) << "/" << hex32(want[i].d)
-             << ", s " << hex32(got[i].s) << "/" << hex32(want[i].s) << ", first quant diff at " << j
-             << (j < kQK8_1 ? " (" + std::to_string(got[i].qs[j]) + " vs " + std::to_string(want[i].qs[j]) + ")" : "")
+             << "first mismatch in " << stage << " at row "
+             << static_cast<int64_t>(i) / blocks_per_row << ", block "
+             << static_cast<int64_t>(i) % blocks_per_row << ": d " << hex32(got[i].d) << "/"
+             << hex32(want[i].d) << ", s " << hex32(got[i].s) << "/" << hex32(want[i].s)
+             << ", first quant diff at " << j
+             << (j < kQK8_1 ? " (" + std::to_string(got[i].qs[j]) + " vs " +
+                                  std::to_string(want[i].qs[j]) + ")"
+                            : "")
              << " (cuda/emu)\n  repro: " << repro;
     }
   }

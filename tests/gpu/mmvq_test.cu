@@ -7,8 +7,8 @@
 #include <memory>
 #include <tuple>
 
-#include "cuda/kernels.h"
 #include "core/error.h"
+#include "cuda/kernels.h"
 #include "emulate/mmvq.h"
 #include "emulate/quantize_q8_1.h"
 #include "tests/emu_test_util.h"
@@ -30,8 +30,13 @@ std::vector<BlockQ8_1> make_act(emutest::Gen& g, int64_t T, int64_t K, bool adve
       switch (g.u32() % 6) {
         case 0: v[g.u32() % kQK8_1] = std::nanf(""); break;
         case 1: v[g.u32() % kQK8_1] = 6.0e4f; break;
-        case 2: for (int i = 0; i < kQK8_1; ++i) v[i] = 0.0f; break;
-        case 3: for (int i = 0; i < kQK8_1; ++i) v[i] = (static_cast<float>(g.u32() % 254) - 127.0f + 0.5f) / 127.0f; break;
+        case 2:
+          for (int i = 0; i < kQK8_1; ++i) v[i] = 0.0f;
+          break;
+        case 3:
+          for (int i = 0; i < kQK8_1; ++i)
+            v[i] = (static_cast<float>(g.u32() % 254) - 127.0f + 0.5f) / 127.0f;
+          break;
         default: break;
       }
     }
@@ -45,7 +50,8 @@ std::vector<BlockQ8_1> make_act(emutest::Gen& g, int64_t T, int64_t K, bool adve
 struct OffsetCopy {
   DevArray<uint8_t> buf;
   const uint8_t* p;
-  OffsetCopy(const std::vector<uint8_t>& bytes, size_t off) : buf(bytes.size() + off + 16), p(buf.get() + off) {
+  OffsetCopy(const std::vector<uint8_t>& bytes, size_t off)
+      : buf(bytes.size() + off + 16), p(buf.get() + off) {
     cudaMemcpy(const_cast<uint8_t*>(p), bytes.data(), bytes.size(), cudaMemcpyHostToDevice);
   }
 };
@@ -70,8 +76,9 @@ TEST_P(MmvqTest, PlainEqualsEmu_100Seeds) {
     DevArray<float> dy(want.size());
     cuda::mmvq(type, dw.p, da.get(), dy.get(), rows, K, T, warps, nullptr);
     const auto first = dy.host();
-    const std::string r = gputest::repro(seed, "K=" + std::to_string(K) + " rows=" + std::to_string(rows) +
-                                                   " T=" + std::to_string(T));
+    const std::string r =
+        gputest::repro(seed, "K=" + std::to_string(K) + " rows=" + std::to_string(rows) +
+                                 " T=" + std::to_string(T));
     ASSERT_TRUE(same_f32("mmvq", first, want, rows, r));
     dy.poison();
     cuda::mmvq(type, dw.p, da.get(), dy.get(), rows, K, T, warps, nullptr);
@@ -109,13 +116,15 @@ TEST_P(MmvqTest, ExpertsEqualsEmu_100Seeds) {
     DevArray<const uint8_t*> dtab(dp);
     DevArray<BlockQ8_1> da(a);
     DevArray<float> dy(want.size());
-    cuda::mmvq_experts(type, dtab.get(), n, da.get(), per_expert, dy.get(), rows, K, warps, nullptr);
-    const std::string r = gputest::repro(seed, "n=" + std::to_string(n) + " K=" + std::to_string(K) +
-                                                   " rb=" + std::to_string(rb));
+    cuda::mmvq_experts(type, dtab.get(), n, da.get(), per_expert, dy.get(), rows, K, warps,
+                       nullptr);
+    const std::string r = gputest::repro(
+        seed, "n=" + std::to_string(n) + " K=" + std::to_string(K) + " rb=" + std::to_string(rb));
     const auto first = dy.host();
     ASSERT_TRUE(same_f32("mmvq_experts", first, want, rows, r));
     dy.poison();
-    cuda::mmvq_experts(type, dtab.get(), n, da.get(), per_expert, dy.get(), rows, K, warps, nullptr);
+    cuda::mmvq_experts(type, dtab.get(), n, da.get(), per_expert, dy.get(), rows, K, warps,
+                       nullptr);
     ASSERT_TRUE(same_f32("mmvq_experts (second run)", dy.host(), first, rows, r));
   }
 }
@@ -148,8 +157,8 @@ TEST_P(MmvqTest, GroupsEqualsEmu_100Seeds) {
     std::vector<float> want(static_cast<size_t>(y_next * rows));
     std::vector<const uint8_t*> host_slots;
     for (const auto& m : mats) host_slots.push_back(m.data());
-    emu::mmvq_groups(type, host_slots.data(), groups.data(), static_cast<int64_t>(groups.size()), a.data(),
-                     want.data(), rows, K);
+    emu::mmvq_groups(type, host_slots.data(), groups.data(), static_cast<int64_t>(groups.size()),
+                     a.data(), want.data(), rows, K);
     std::vector<std::unique_ptr<DevArray<uint8_t>>> dm;
     std::vector<const uint8_t*> dp;
     for (const auto& m : mats) {
@@ -160,8 +169,8 @@ TEST_P(MmvqTest, GroupsEqualsEmu_100Seeds) {
     DevArray<MmvqGroup> dg(groups);
     DevArray<BlockQ8_1> da(a);
     DevArray<float> dy(want.size());
-    cuda::mmvq_groups(type, dtab.get(), dg.get(), static_cast<int64_t>(groups.size()), max_n, da.get(), dy.get(), rows, K,
-                      warps, nullptr);
+    cuda::mmvq_groups(type, dtab.get(), dg.get(), static_cast<int64_t>(groups.size()), max_n,
+                      da.get(), dy.get(), rows, K, warps, nullptr);
     ASSERT_TRUE(same_f32("mmvq_groups", dy.host(), want, rows, gputest::repro(seed)));
   }
 }
@@ -170,14 +179,16 @@ INSTANTIATE_TEST_SUITE_P(Types, MmvqTest,
                          ::testing::Combine(::testing::Values(GgmlType::kQ2K, GgmlType::kQ3K),
                                             ::testing::Values(2, 4, 8)),
                          [](const auto& info) {
-                           return std::string(std::get<0>(info.param) == GgmlType::kQ2K ? "Q2K" : "Q3K") + "_W" +
-                                  std::to_string(std::get<1>(info.param));
+                           return std::string(std::get<0>(info.param) == GgmlType::kQ2K ? "Q2K"
+                                                                                        : "Q3K") +
+                                  "_W" + std::to_string(std::get<1>(info.param));
                          });
 
 // The seeds' one-token shapes: 6 experts of gate [2304, 5120] Q2_K and down [5120, 2304] Q3_K.
 TEST(MmvqDs41, SixExpertsOneLaunch_Gate2304x5120Q2K_Down5120x2304Q3K) {
   MOECHECK_REQUIRE_GPU();
-  for (auto [type, rows, K] : {std::tuple{GgmlType::kQ2K, 2304, 5120}, std::tuple{GgmlType::kQ3K, 5120, 2304}}) {
+  for (auto [type, rows, K] :
+       {std::tuple{GgmlType::kQ2K, 2304, 5120}, std::tuple{GgmlType::kQ3K, 5120, 2304}}) {
     emutest::Gen g(41 + rows);
     const int64_t n = 6, rb = row_bytes(type, K);
     const auto w = emutest::make_rows(g, type, n * rows, K, 0.01);
@@ -193,7 +204,8 @@ TEST(MmvqDs41, SixExpertsOneLaunch_Gate2304x5120Q2K_Down5120x2304Q3K) {
     DevArray<BlockQ8_1> da(a);
     for (int warps : {2, 4, 8}) {
       DevArray<float> dy(want.size());
-      cuda::mmvq_experts(type, dtab.get(), n, da.get(), type == GgmlType::kQ3K, dy.get(), rows, K, warps, nullptr);
+      cuda::mmvq_experts(type, dtab.get(), n, da.get(), type == GgmlType::kQ3K, dy.get(), rows, K,
+                         warps, nullptr);
       ASSERT_TRUE(same_f32("mmvq_experts ds41", dy.host(), want, rows,
                            gputest::repro(41 + rows, "warps=" + std::to_string(warps))));
     }
@@ -205,10 +217,14 @@ TEST(MmvqPreconditions, BadWarpsTypeAndShapeThrowBeforeLaunch) {
   DevArray<uint8_t> w(4096);
   DevArray<BlockQ8_1> a(64);
   DevArray<float> y(64);
-  EXPECT_THROW(cuda::mmvq(GgmlType::kQ2K, w.get(), a.get(), y.get(), 1, 256, 1, 3, nullptr), InputError);
-  EXPECT_THROW(cuda::mmvq(GgmlType::kBF16, w.get(), a.get(), y.get(), 1, 256, 1, 8, nullptr), InputError);
-  EXPECT_THROW(cuda::mmvq(GgmlType::kQ2K, w.get(), a.get(), y.get(), 1, 100, 1, 8, nullptr), InputError);
-  EXPECT_THROW(cuda::mmvq(GgmlType::kQ2K, w.get() + 1, a.get(), y.get(), 1, 256, 1, 8, nullptr), InputError);
+  EXPECT_THROW(cuda::mmvq(GgmlType::kQ2K, w.get(), a.get(), y.get(), 1, 256, 1, 3, nullptr),
+               InputError);
+  EXPECT_THROW(cuda::mmvq(GgmlType::kBF16, w.get(), a.get(), y.get(), 1, 256, 1, 8, nullptr),
+               InputError);
+  EXPECT_THROW(cuda::mmvq(GgmlType::kQ2K, w.get(), a.get(), y.get(), 1, 100, 1, 8, nullptr),
+               InputError);
+  EXPECT_THROW(cuda::mmvq(GgmlType::kQ2K, w.get() + 1, a.get(), y.get(), 1, 256, 1, 8, nullptr),
+               InputError);
 }
 
 }  // namespace

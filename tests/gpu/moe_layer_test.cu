@@ -4,8 +4,8 @@
 // (golden/generator.h, in memory), expert warps 2 / 4 / 8, router plain / staged, shared side
 // stream on / off, CUDA graphs on / off, bf16 and K-quant shared experts; the ds41 preset (fast
 // blocks) at T = 1..8. Every forward runs twice, bitwise equal. Contract: docs/numerics.md.
-#include "cuda/moe_layer.h"
 #include "core/error.h"
+#include "cuda/moe_layer.h"
 #include "emulate/moe_layer.h"
 #include "golden/generator.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -16,24 +16,27 @@ namespace {
 using gputest::same_f32;
 using gputest::same_q8;
 
-::testing::AssertionResult same_expert(const std::string& name, const ExpertTaps& got, const ExpertTaps& want,
-                                       int64_t dim, int64_t inter, const std::string& r) {
+::testing::AssertionResult same_expert(const std::string& name, const ExpertTaps& got,
+                                       const ExpertTaps& want, int64_t dim, int64_t inter,
+                                       const std::string& r) {
   if (got.expert != want.expert || got.tokens != want.tokens)
-    return ::testing::AssertionFailure() << name << ": expert / token lists differ (cuda expert " << got.expert
-                                         << ", " << got.tokens.size() << " tokens; emu expert " << want.expert << ", "
-                                         << want.tokens.size() << " tokens)\n  repro: " << r;
+    return ::testing::AssertionFailure()
+           << name << ": expert / token lists differ (cuda expert " << got.expert << ", "
+           << got.tokens.size() << " tokens; emu expert " << want.expert << ", "
+           << want.tokens.size() << " tokens)\n  repro: " << r;
   const std::string n = name + " (expert " + std::to_string(want.expert) + ")";
-  for (auto res : {same_f32(n + " weights", got.weights, want.weights, 1, r),
-                   same_f32(n + " gate", got.gate, want.gate, inter, r), same_f32(n + " up", got.up, want.up, inter, r),
-                   same_f32(n + " h", got.h, want.h, inter, r),
-                   same_q8(n + " h_q8", got.h_q8, want.h_q8, inter / kQK8_1, r),
-                   same_f32(n + " down", got.down, want.down, dim, r)})
+  for (auto res :
+       {same_f32(n + " weights", got.weights, want.weights, 1, r),
+        same_f32(n + " gate", got.gate, want.gate, inter, r),
+        same_f32(n + " up", got.up, want.up, inter, r), same_f32(n + " h", got.h, want.h, inter, r),
+        same_q8(n + " h_q8", got.h_q8, want.h_q8, inter / kQK8_1, r),
+        same_f32(n + " down", got.down, want.down, dim, r)})
     if (!res) return res;
   return ::testing::AssertionSuccess();
 }
 
-::testing::AssertionResult same_taps(const LayerTaps& got, const LayerTaps& want, const MoeConfig& c,
-                                     const std::string& r) {
+::testing::AssertionResult same_taps(const LayerTaps& got, const LayerTaps& want,
+                                     const MoeConfig& c, const std::string& r) {
   const int64_t dim = c.dim, inter = c.inter;
   if (got.topk_ids != want.topk_ids)
     return ::testing::AssertionFailure() << "topk_ids differ\n  repro: " << r;
@@ -42,8 +45,8 @@ using gputest::same_q8;
                    same_q8("x_q8", got.x_q8, want.x_q8, dim / kQK8_1, r)})
     if (!res) return res;
   if (got.experts.size() != want.experts.size())
-    return ::testing::AssertionFailure() << "expert count " << got.experts.size() << " vs emu " << want.experts.size()
-                                         << "\n  repro: " << r;
+    return ::testing::AssertionFailure() << "expert count " << got.experts.size() << " vs emu "
+                                         << want.experts.size() << "\n  repro: " << r;
   for (size_t i = 0; i < want.experts.size(); ++i) {
     auto res = same_expert("routed", got.experts[i], want.experts[i], dim, inter, r);
     if (!res) return res;
@@ -71,8 +74,8 @@ struct Variant {
 };
 
 // emu once per (router variant, T); every CUDA variant against it, each forward twice.
-void run_layer(const GenOptions& o, const std::vector<int64_t>& Ts, const std::vector<Variant>& variants,
-               uint64_t input_seed) {
+void run_layer(const GenOptions& o, const std::vector<int64_t>& Ts,
+               const std::vector<Variant>& variants, uint64_t input_seed) {
   const LayerWeights w = generate_layer(o, 0);
   std::vector<std::unique_ptr<cuda::MoeLayer>> layers;
   for (const Variant& v : variants) {
@@ -93,12 +96,14 @@ void run_layer(const GenOptions& o, const std::vector<int64_t>& Ts, const std::v
       const auto y_want = ref.forward(x.data(), T, &want);
       for (size_t i = 0; i < variants.size(); ++i) {
         if (variants[i].router != rv) continue;
-        const std::string r = gputest::repro(input_seed + static_cast<uint64_t>(T),
-                                             "preset " + o.preset + " T=" + std::to_string(T) + " " + variants[i].name());
+        const std::string r = gputest::repro(
+            input_seed + static_cast<uint64_t>(T),
+            "preset " + o.preset + " T=" + std::to_string(T) + " " + variants[i].name());
         for (int run = 0; run < 2; ++run) {
           LayerTaps got;
           const auto y = layers[i]->forward(x.data(), T, &got);
-          ASSERT_TRUE(gputest::same_u16(run == 0 ? "output" : "output (second run)", y, y_want, o.config.dim, r));
+          ASSERT_TRUE(gputest::same_u16(run == 0 ? "output" : "output (second run)", y, y_want,
+                                        o.config.dim, r));
           ASSERT_TRUE(same_taps(got, want, o.config, r));
         }
       }
@@ -136,7 +141,8 @@ TEST(CudaMoeLayer, Tiny_KQuantShared_T1to8) {
 TEST(CudaMoeLayer, Ds41_dim5120_E384_K6_FastBlocks_T1to8) {
   MOECHECK_REQUIRE_GPU();
   run_layer(preset_options("ds41"), {1, 2, 3, 4, 5, 6, 7, 8},
-            {{8, RouterVariant::kStaged, true, false}, {2, RouterVariant::kStaged, false, true},
+            {{8, RouterVariant::kStaged, true, false},
+             {2, RouterVariant::kStaged, false, true},
              {4, RouterVariant::kPlain, true, false}},
             400);
 }

@@ -4,8 +4,8 @@
 // Contract: docs/numerics.md "quantize_q8_1".
 #include <cmath>
 
-#include "cuda/kernels.h"
 #include "core/error.h"
+#include "cuda/kernels.h"
 #include "emulate/quantize_q8_1.h"
 #include "tests/emu_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -23,12 +23,17 @@ std::vector<float> make_rows(uint64_t seed, int64_t R, int64_t K) {
     switch (g.u32() % 9) {
       case 0: v[g.u32() % kQK8_1] = std::nanf(""); break;
       case 1: v[g.u32() % kQK8_1] = -INFINITY; break;
-      case 2: for (int i = 0; i < kQK8_1; ++i) v[i] = 0.0f; break;
+      case 2:
+        for (int i = 0; i < kQK8_1; ++i) v[i] = 0.0f;
+        break;
       case 3:  // amax = 127 makes d = 1: every other value on a tie k + 0.5
         v[0] = 127.0f;
-        for (int i = 1; i < kQK8_1; ++i) v[i] = static_cast<float>(static_cast<int>(g.u32() % 250) - 125) + 0.5f;
+        for (int i = 1; i < kQK8_1; ++i)
+          v[i] = static_cast<float>(static_cast<int>(g.u32() % 250) - 125) + 0.5f;
         break;
-      case 4: for (int i = 0; i < kQK8_1; ++i) v[i] = std::ldexp(static_cast<float>(g.u32() % 64), -149); break;
+      case 4:
+        for (int i = 0; i < kQK8_1; ++i) v[i] = std::ldexp(static_cast<float>(g.u32() % 64), -149);
+        break;
       case 5: v[g.u32() % kQK8_1] = 3.0e38f; break;
       default: break;
     }
@@ -39,7 +44,8 @@ std::vector<float> make_rows(uint64_t seed, int64_t R, int64_t K) {
 TEST(QuantizeQ8_1, F32EqualsEmu_100Seeds) {
   MOECHECK_REQUIRE_GPU();
   for (uint64_t seed = 1; seed <= 100; ++seed) {
-    const int64_t R = 1 + static_cast<int64_t>(seed % 9), K = 32 * (1 + static_cast<int64_t>(seed * 7 % 50));
+    const int64_t R = 1 + static_cast<int64_t>(seed % 9),
+                  K = 32 * (1 + static_cast<int64_t>(seed * 7 % 50));
     const auto x = make_rows(seed, R, K);
     std::vector<BlockQ8_1> want(static_cast<size_t>(R * K / kQK8_1));
     emu::quantize_q8_1(x.data(), want.data(), R, K);
@@ -48,8 +54,8 @@ TEST(QuantizeQ8_1, F32EqualsEmu_100Seeds) {
     for (int run = 0; run < 2; ++run) {
       dy.poison();
       cuda::quantize_q8_1(dx.get(), dy.get(), R, K, nullptr);
-      ASSERT_TRUE(gputest::same_q8(run == 0 ? "x_q8" : "x_q8 (second run)", dy.host(), want, K / kQK8_1,
-                                   gputest::repro(seed)));
+      ASSERT_TRUE(gputest::same_q8(run == 0 ? "x_q8" : "x_q8 (second run)", dy.host(), want,
+                                   K / kQK8_1, gputest::repro(seed)));
     }
   }
 }
@@ -58,7 +64,8 @@ TEST(QuantizeQ8_1, Bf16EqualsEmu_100Seeds) {
   MOECHECK_REQUIRE_GPU();
   for (uint64_t seed = 1; seed <= 100; ++seed) {
     emutest::Gen g(seed + 5000);
-    const int64_t R = 1 + static_cast<int64_t>(seed % 8), K = 32 * (1 + static_cast<int64_t>(seed % 40));
+    const int64_t R = 1 + static_cast<int64_t>(seed % 8),
+                  K = 32 * (1 + static_cast<int64_t>(seed % 40));
     std::vector<uint16_t> xb = g.bf16(R * K, 1.0);
     if (seed % 4 == 0) xb[g.u32() % xb.size()] = 0x7FC0;
     std::vector<BlockQ8_1> want(static_cast<size_t>(R * K / kQK8_1));
@@ -66,7 +73,8 @@ TEST(QuantizeQ8_1, Bf16EqualsEmu_100Seeds) {
     DevArray<uint16_t> dx(xb);
     DevArray<BlockQ8_1> dy(want.size());
     cuda::quantize_q8_1_bf16(dx.get(), dy.get(), R, K, nullptr);
-    ASSERT_TRUE(gputest::same_q8("x_q8 (bf16 input)", dy.host(), want, K / kQK8_1, gputest::repro(seed + 5000)));
+    ASSERT_TRUE(gputest::same_q8("x_q8 (bf16 input)", dy.host(), want, K / kQK8_1,
+                                 gputest::repro(seed + 5000)));
   }
 }
 

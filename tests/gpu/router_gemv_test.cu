@@ -1,8 +1,8 @@
 // cuda::router_gemv (plain, staged) vs emu::router_gemv, bitwise: >= 100 seeded random cases per
 // variant (T = 1..11 crosses the 8-token group), adversarial inputs (tests/gpu/gemv_cases.h),
 // each launch twice. Contract: docs/numerics.md "router_gemv".
-#include "cuda/kernels.h"
 #include "core/error.h"
+#include "cuda/kernels.h"
 #include "emulate/router_gemv.h"
 #include "tests/emu_test_util.h"
 #include "tests/gpu/gemv_cases.h"
@@ -20,8 +20,9 @@ void check(RouterVariant v, uint64_t seed) {
   emu::router_gemv(v, c.w.data(), c.x.data(), want.data(), c.rows, c.K, c.T);
   DevArray<uint16_t> dw(c.w), dx(c.x);
   DevArray<float> dy(want.size());
-  const std::string r = gputest::repro(seed, "rows=" + std::to_string(c.rows) + " K=" + std::to_string(c.K) +
-                                                 " T=" + std::to_string(c.T));
+  const std::string r =
+      gputest::repro(seed, "rows=" + std::to_string(c.rows) + " K=" + std::to_string(c.K) +
+                               " T=" + std::to_string(c.T));
   for (int run = 0; run < 2; ++run) {
     dy.poison();
     cuda::router_gemv(v, dw.get(), dx.get(), dy.get(), c.rows, c.K, c.T, nullptr);
@@ -51,8 +52,9 @@ TEST(RouterGemv, Ds41Router384x5120_BothVariants_T1_T8) {
       DevArray<uint16_t> dw(w), dx(x);
       DevArray<float> dy(want.size());
       cuda::router_gemv(v, dw.get(), dx.get(), dy.get(), rows, K, T, nullptr);
-      ASSERT_TRUE(same_f32("router logits", dy.host(), want, rows,
-                           gputest::repro(4100 + T, v == RouterVariant::kPlain ? "plain" : "staged")));
+      ASSERT_TRUE(
+          same_f32("router logits", dy.host(), want, rows,
+                   gputest::repro(4100 + T, v == RouterVariant::kPlain ? "plain" : "staged")));
     }
   }
 }
@@ -61,8 +63,12 @@ TEST(RouterGemv, BadShapesThrowBeforeLaunch) {
   MOECHECK_REQUIRE_GPU();
   DevArray<uint16_t> w(1024), x(1024);
   DevArray<float> y(64);
-  EXPECT_THROW(cuda::router_gemv(RouterVariant::kStaged, w.get(), x.get(), y.get(), 2, 12, 1, nullptr), InputError);
-  EXPECT_THROW(cuda::router_gemv(RouterVariant::kPlain, w.get() + 1, x.get(), y.get(), 2, 16, 1, nullptr), InputError);
+  EXPECT_THROW(
+      cuda::router_gemv(RouterVariant::kStaged, w.get(), x.get(), y.get(), 2, 12, 1, nullptr),
+      InputError);
+  EXPECT_THROW(
+      cuda::router_gemv(RouterVariant::kPlain, w.get() + 1, x.get(), y.get(), 2, 16, 1, nullptr),
+      InputError);
   EXPECT_THROW(cuda::bf16_gemv(w.get(), x.get(), y.get(), -1, 16, 1, nullptr), InputError);
 }
 

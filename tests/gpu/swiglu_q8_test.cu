@@ -15,7 +15,8 @@ namespace {
 using gputest::DevArray;
 
 void adversarial(emutest::Gen& g, std::vector<float>& v, float limit) {
-  const float pick[] = {std::nanf(""), INFINITY, -INFINITY, limit, -limit, -100.0f, 100.0f, 1e-40f, -0.0f, 89.0f};
+  const float pick[] = {std::nanf(""), INFINITY, -INFINITY, limit, -limit,
+                        -100.0f,       100.0f,   1e-40f,    -0.0f, 89.0f};
   for (size_t i = 0; i < v.size(); i += 1 + g.u32() % 13) v[i] = pick[g.u32() % 10];
 }
 
