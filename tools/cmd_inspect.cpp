@@ -123,83 +123,91 @@ int inspect_gguf(const InspectArgs& a) {
   return kExitSame;
 }
 
+// The dump's root attributes, as text or into the open JSON object.
+void dump_header(const std::string& file, const DumpMeta& m, Json* j) {
+  const int64_t T = m.tokens;
+  if (j != nullptr) {
+    j->begin_object().kv("file", file).kv("kind", "dump").kv("format_version", m.format_version);
+    j->kv("tool_version", m.tool_version).kv("git_commit", m.git_commit);
+    j->kv("implementation", m.implementation).kv("variant", m.variant).kv("device", m.device);
+    j->kv("model_file", m.model_file).kv("model_sha256", m.model_sha256);
+    j->kv("model_header_sha256", m.model_header_sha256);
+    if (m.has_model_seed) j->kv("model_seed", m.model_seed);
+    j->kv("input_source", m.input_source).kv("input_seed", m.input_seed);
+    j->kv("tokens", T).kv("taps", m.taps);
+    config_lines(m.config, j);
+    return;
+  }
+  std::printf("%s: moecheck dump format %lld, %s (%s) on %s, tool %s (%s)\n", file.c_str(),
+              static_cast<long long>(m.format_version), m.implementation.c_str(), m.variant.c_str(),
+              m.device.c_str(), m.tool_version.c_str(), m.git_commit.c_str());
+  std::printf("model: %s, whole-file sha256 %s, header sha256 %s%s\n", m.model_file.c_str(),
+              m.model_sha256.empty() ? "(not recorded)" : m.model_sha256.c_str(),
+              m.model_header_sha256.empty() ? "(not recorded)" : m.model_header_sha256.c_str(),
+              m.has_model_seed ? (", generator seed " + std::to_string(m.model_seed)).c_str() : "");
+  std::printf(
+      "input: %s%s, %lld token(s), %s\n", m.input_source.c_str(),
+      m.input_source.rfind("seed", 0) == 0 ? (" " + std::to_string(m.input_seed)).c_str() : "",
+      static_cast<long long>(T), m.taps ? "every stage (taps)" : "basic stages");
+  config_lines(m.config, nullptr);
+}
+
+// The datasets of one layer group with their shapes.
+std::vector<std::pair<std::string, std::string>> layer_datasets(const MoeConfig& c, int64_t T,
+                                                                const LayerTaps& t) {
+  std::vector<std::pair<std::string, std::string>> st = {
+      {"input", shape({T, c.dim}) + " bfloat16"},
+      {"router_logits", shape({T, c.n_routed}) + " float32"},
+      {"topk_ids", shape({T, c.topk}) + " int32"},
+      {"topk_weights", shape({T, c.topk}) + " float32"}};
+  if (!t.x_q8.empty()) st.emplace_back("x_q8", shape({T, c.dim / 32, 36}) + " block_q8_1");
+  for (const ExpertTaps& e : t.experts) {
+    const int64_t n = static_cast<int64_t>(e.tokens.size());
+    st.emplace_back("experts/" + std::to_string(e.expert),
+                    std::to_string(n) + " token(s): gate/up/h " + shape({n, c.inter}) + ", down " +
+                        shape({n, c.dim}) + (e.h_q8.empty() ? "" : ", h_q8"));
+  }
+  if (!t.shared.tokens.empty())
+    st.emplace_back("shared", "gate/up/h " + shape({T, c.inter}) + ", down " + shape({T, c.dim}));
+  if (!t.acc.empty()) st.emplace_back("acc", shape({T, c.dim}) + " float32");
+  st.emplace_back("output", shape({T, c.dim}) + " bfloat16");
+  return st;
+}
+
+// One layer: its datasets and the tensors its forward read, with their SHA-256.
+void dump_layer(const MoeConfig& c, int64_t T, const LayerTaps& t,
+                const std::vector<SliceHash>& slices, Json* j) {
+  const auto st = layer_datasets(c, T, t);
+  if (j != nullptr) {
+    j->begin_object().kv("layer", t.layer).key("datasets").begin_object();
+    for (const auto& [k, v] : st) j->kv(k, v);
+    j->end_object().key("tensors_read").begin_array();
+    for (const SliceHash& h : slices)
+      j->begin_object()
+          .kv("tensor", slice_name(t.layer, h.tensor, h.expert))
+          .kv("sha256", h.sha256)
+          .end_object();
+    j->end_array().end_object();
+    return;
+  }
+  std::printf("/layers/%d:\n", t.layer);
+  for (const auto& [k, v] : st) std::printf("  %-14s %s\n", k.c_str(), v.c_str());
+  if (!slices.empty()) std::printf("  tensors read (sha256):\n");
+  for (const SliceHash& h : slices)
+    std::printf("    %-44s %s\n", slice_name(t.layer, h.tensor, h.expert).c_str(),
+                h.sha256.c_str());
+}
+
 int inspect_dump(const InspectArgs& a) {
   const Dump d = read_dump(a.file);
-  const DumpMeta& m = d.meta;
-  const MoeConfig& c = m.config;
-  const int64_t T = m.tokens;
   Json j;
-  if (a.json) {
-    j.begin_object().kv("file", a.file).kv("kind", "dump").kv("format_version", m.format_version);
-    j.kv("tool_version", m.tool_version)
-        .kv("git_commit", m.git_commit)
-        .kv("implementation", m.implementation);
-    j.kv("variant", m.variant)
-        .kv("device", m.device)
-        .kv("model_file", m.model_file)
-        .kv("model_sha256", m.model_sha256);
-    j.kv("model_header_sha256", m.model_header_sha256);
-    if (m.has_model_seed) j.kv("model_seed", m.model_seed);
-    j.kv("input_source", m.input_source)
-        .kv("input_seed", m.input_seed)
-        .kv("tokens", T)
-        .kv("taps", m.taps);
-    config_lines(c, &j);
-    j.key("layers").begin_array();
-  } else {
-    std::printf("%s: moecheck dump format %lld, %s (%s) on %s, tool %s (%s)\n", a.file.c_str(),
-                static_cast<long long>(m.format_version), m.implementation.c_str(),
-                m.variant.c_str(), m.device.c_str(), m.tool_version.c_str(), m.git_commit.c_str());
-    std::printf(
-        "model: %s, whole-file sha256 %s, header sha256 %s%s\n", m.model_file.c_str(),
-        m.model_sha256.empty() ? "(not recorded)" : m.model_sha256.c_str(),
-        m.model_header_sha256.empty() ? "(not recorded)" : m.model_header_sha256.c_str(),
-        m.has_model_seed ? (", generator seed " + std::to_string(m.model_seed)).c_str() : "");
-    std::printf(
-        "input: %s%s, %lld token(s), %s\n", m.input_source.c_str(),
-        m.input_source.rfind("seed", 0) == 0 ? (" " + std::to_string(m.input_seed)).c_str() : "",
-        static_cast<long long>(T), m.taps ? "every stage (taps)" : "basic stages");
-    config_lines(c, nullptr);
-  }
-  for (size_t li = 0; li < d.layers.size(); ++li) {
-    const LayerTaps& t = d.layers[li];
-    std::vector<std::pair<std::string, std::string>> st = {
-        {"input", shape({T, c.dim}) + " bfloat16"},
-        {"router_logits", shape({T, c.n_routed}) + " float32"},
-        {"topk_ids", shape({T, c.topk}) + " int32"},
-        {"topk_weights", shape({T, c.topk}) + " float32"}};
-    if (!t.x_q8.empty()) st.emplace_back("x_q8", shape({T, c.dim / 32, 36}) + " block_q8_1");
-    for (const ExpertTaps& e : t.experts) {
-      const int64_t n = static_cast<int64_t>(e.tokens.size());
-      st.emplace_back("experts/" + std::to_string(e.expert),
-                      std::to_string(n) + " token(s): gate/up/h " + shape({n, c.inter}) +
-                          ", down " + shape({n, c.dim}) + (e.h_q8.empty() ? "" : ", h_q8"));
-    }
-    if (!t.shared.tokens.empty())
-      st.emplace_back("shared", "gate/up/h " + shape({T, c.inter}) + ", down " + shape({T, c.dim}));
-    if (!t.acc.empty()) st.emplace_back("acc", shape({T, c.dim}) + " float32");
-    st.emplace_back("output", shape({T, c.dim}) + " bfloat16");
-    const std::vector<SliceHash> none;
-    const std::vector<SliceHash>& slices = d.slices.empty() ? none : d.slices[li];
-    if (a.json) {
-      j.begin_object().kv("layer", t.layer).key("datasets").begin_object();
-      for (const auto& [k, v] : st) j.kv(k, v);
-      j.end_object().key("tensors_read").begin_array();
-      for (const SliceHash& h : slices)
-        j.begin_object()
-            .kv("tensor", slice_name(t.layer, h.tensor, h.expert))
-            .kv("sha256", h.sha256)
-            .end_object();
-      j.end_array().end_object();
-    } else {
-      std::printf("/layers/%d:\n", t.layer);
-      for (const auto& [k, v] : st) std::printf("  %-14s %s\n", k.c_str(), v.c_str());
-      if (!slices.empty()) std::printf("  tensors read (sha256):\n");
-      for (const SliceHash& h : slices)
-        std::printf("    %-44s %s\n", slice_name(t.layer, h.tensor, h.expert).c_str(),
-                    h.sha256.c_str());
-    }
-  }
+  Json* jp = a.json ? &j : nullptr;
+  dump_header(a.file, d.meta, jp);
+  if (a.json) j.key("layers").begin_array();
+  const std::vector<SliceHash> none;
+  for (size_t li = 0; li < d.layers.size(); ++li)
+    dump_layer(d.meta.config, d.meta.tokens, d.layers[li], d.slices.empty() ? none : d.slices[li],
+               jp);
   if (a.json) {
     j.end_array().end_object();
     std::printf("%s\n", j.str().c_str());
