@@ -11,13 +11,18 @@
 
 namespace moecheck::cuda {
 
-struct DevBuf {
+enum class Memory { kDevice, kPinnedHost };
+
+template <Memory kMem>
+struct GrowBuf {
   void* p = nullptr;
   size_t bytes = 0;
+
   bool reserve(size_t n) {
     if (n <= bytes) return false;
-    if (p != nullptr) MOECHECK_CUDA_CHECK(cudaFree(p));
-    MOECHECK_CUDA_CHECK(cudaMalloc(&p, n));
+    release();
+    if constexpr (kMem == Memory::kDevice) MOECHECK_CUDA_CHECK(cudaMalloc(&p, n));
+    else MOECHECK_CUDA_CHECK(cudaMallocHost(&p, n));
     bytes = n;
     return true;
   }
@@ -25,34 +30,26 @@ struct DevBuf {
   T* as() const {
     return static_cast<T*>(p);
   }
-  DevBuf() = default;
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  ~DevBuf() {
-    if (p != nullptr) (void)cudaFree(p);
+  GrowBuf() = default;
+  GrowBuf(const GrowBuf&) = delete;
+  GrowBuf& operator=(const GrowBuf&) = delete;
+  ~GrowBuf() {
+    if (p == nullptr) return;
+    if constexpr (kMem == Memory::kDevice) (void)cudaFree(p);
+    else (void)cudaFreeHost(p);
+  }
+
+ private:
+  void release() {
+    if (p == nullptr) return;
+    if constexpr (kMem == Memory::kDevice) MOECHECK_CUDA_CHECK(cudaFree(p));
+    else MOECHECK_CUDA_CHECK(cudaFreeHost(p));
+    p = nullptr;
+    bytes = 0;
   }
 };
 
-struct PinnedBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  bool reserve(size_t n) {
-    if (n <= bytes) return false;
-    if (p != nullptr) MOECHECK_CUDA_CHECK(cudaFreeHost(p));
-    MOECHECK_CUDA_CHECK(cudaMallocHost(&p, n));
-    bytes = n;
-    return true;
-  }
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-  PinnedBuf() = default;
-  PinnedBuf(const PinnedBuf&) = delete;
-  PinnedBuf& operator=(const PinnedBuf&) = delete;
-  ~PinnedBuf() {
-    if (p != nullptr) (void)cudaFreeHost(p);
-  }
-};
+using DevBuf = GrowBuf<Memory::kDevice>;
+using PinnedBuf = GrowBuf<Memory::kPinnedHost>;
 
 }  // namespace moecheck::cuda

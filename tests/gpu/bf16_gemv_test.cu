@@ -13,19 +13,11 @@ using gputest::DevArray;
 using gputest::same_f32;
 
 void check(uint64_t seed) {
-  const gputest::GemvCase c = gputest::make_gemv_case(seed);
-  std::vector<float> want(static_cast<size_t>(c.T * c.rows));
-  emu::bf16_gemv(c.w.data(), c.x.data(), want.data(), c.rows, c.K, c.T);
-  DevArray<uint16_t> dw(c.w), dx(c.x);
-  DevArray<float> dy(want.size());
-  const std::string r =
-      gputest::repro(seed, "rows=" + std::to_string(c.rows) + " K=" + std::to_string(c.K) +
-                               " T=" + std::to_string(c.T));
-  for (int run = 0; run < 2; ++run) {
-    dy.poison();
-    cuda::bf16_gemv(dw.get(), dx.get(), dy.get(), c.rows, c.K, c.T, nullptr);
-    ASSERT_TRUE(same_f32(run == 0 ? "y" : "y (second run)", dy.host(), want, c.rows, r));
-  }
+  gputest::check_gemv_case(
+      seed, "y", emu::bf16_gemv,
+      [](const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K, int64_t T) {
+        cuda::bf16_gemv(w, x, y, rows, K, T, nullptr);
+      });
 }
 
 TEST(Bf16Gemv, EqualsEmu_100Seeds) {

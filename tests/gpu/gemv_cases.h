@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tests/emu_test_util.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace moecheck::gputest {
 
@@ -43,6 +45,25 @@ inline GemvCase make_gemv_case(uint64_t seed) {
     default: break;
   }
   return c;
+}
+
+// Case `seed` through emu(w, x, y, rows, K, T) on the host and dev(w, x, y, rows, K, T) on the
+// device (twice, output poisoned before each run): bitwise equal, or the first mismatch with a
+// repro line.
+template <class Emu, class Dev>
+void check_gemv_case(uint64_t seed, const std::string& stage, Emu emu, Dev dev) {
+  const GemvCase c = make_gemv_case(seed);
+  std::vector<float> want(static_cast<size_t>(c.T * c.rows));
+  emu(c.w.data(), c.x.data(), want.data(), c.rows, c.K, c.T);
+  DevArray<uint16_t> dw(c.w), dx(c.x);
+  DevArray<float> dy(want.size());
+  const std::string r = repro(seed, "rows=" + std::to_string(c.rows) + " K=" + std::to_string(c.K) +
+                                        " T=" + std::to_string(c.T));
+  for (int run = 0; run < 2; ++run) {
+    dy.poison();
+    dev(dw.get(), dx.get(), dy.get(), c.rows, c.K, c.T);
+    ASSERT_TRUE(same_f32(run == 0 ? stage : stage + " (second run)", dy.host(), want, c.rows, r));
+  }
 }
 
 }  // namespace moecheck::gputest
