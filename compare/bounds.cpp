@@ -80,58 +80,7 @@ MmvqBound mmvq_exact_bound(GgmlType t, const uint8_t* row, const BlockQ8_1* a, c
           mag_wx};
 }
 
-bool BoundsReport::ok() const {
-  if (unexplained_flips > 0) return false;
-  for (const StageCheck& s : stages)
-    if (s.violations > 0) return false;
-  return true;
-}
-
-Stage BoundsReport::first_failing() const {
-  for (const StageCheck& s : stages) {
-    if (s.stage == Stage::kTopkWeights && unexplained_flips > 0) return Stage::kTopkIds;
-    if (s.violations > 0) return s.stage;
-  }
-  return Stage::kTopkIds;
-}
-
-const StageCheck* BoundsReport::stage(Stage s) const {
-  for (const StageCheck& x : stages)
-    if (x.stage == s) return &x;
-  return nullptr;
-}
-
 namespace bounds_detail {
-
-std::string num(double v) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.9g", v);
-  return buf;
-}
-
-StageCheck& Checker::find(Stage s) {
-  for (StageCheck& st : r_.stages)
-    if (st.stage == s) return st;
-  throw std::logic_error(std::string("bounds check: stage ") + stage_name(s) +
-                         " is not in the report");
-}
-
-bool Checker::record(StageCheck& st, double emu, double exact, double bound) {
-  const double diff = std::fabs(emu - exact);
-  const double inf = std::numeric_limits<double>::infinity();
-  const double ratio = std::isnan(diff) ? inf : bound > 0 ? diff / bound : (diff > 0 ? inf : 0.0);
-  st.worst_ratio = std::max(st.worst_ratio, ratio);
-  if (diff <= bound) return false;
-  ++st.violations;
-  return true;
-}
-
-std::string Checker::message(const StageCheck& st, const std::string& where, double emu,
-                             double exact, double bound) const {
-  return "layer " + std::to_string(r_.layer) + " " + stage_name(st.stage) + " " + where + ": emu " +
-         num(emu) + " exact " + num(exact) + ", |diff| " + num(std::fabs(emu - exact)) +
-         " > bound " + num(bound);
-}
 
 double score64(ScoreFunc f, double z) {
   switch (f) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "compare/leg_report.h"
 #include "core/blocks.h"
 #include "core/layer_weights.h"
 #include "core/schedule.h"
@@ -38,37 +39,16 @@ struct MmvqBound {
 MmvqBound mmvq_exact_bound(GgmlType t, const uint8_t* row, const BlockQ8_1* a, const float* x,
                            int64_t K, const double* eblk = nullptr);
 
-// One stage's verdict: router_logits, topk_weights, experts.{gate,up,h,down},
-// shared.{gate,up,h,down}, acc, output.
-struct StageCheck {
-  Stage stage = Stage::kOutput;
-  int64_t checked = 0;          // values compared
-  int64_t violations = 0;       // values with |emu - exact| > bound (or NaN)
-  double worst_ratio = 0;       // max |emu - exact| / bound (inf for a difference on a zero bound)
-  std::string first_violation;  // layer, token, expert, row / column, both values and the bound
-};
-
-struct BoundsReport {
-  int layer = 0;
-  std::vector<StageCheck> stages;  // pipeline order
-  int64_t flips = 0;              // (emulation-only, reference-only) expert pairs of flipped tokens
-  int64_t unexplained_flips = 0;  // pairs the logit bound cannot explain (any flip under softmax)
-  std::vector<std::string>
-      flip_lines;  // one line per pair: exact keys, margin, what the bound allows
-  bool ok() const;
-  // The first stage in pipeline order with a violation; topk_ids when a flip is unexplained
-  // (routing comes before the weights). Meaningful when !ok().
-  Stage first_failing() const;
-  const StageCheck* stage(Stage s) const;  // nullptr for a stage this check does not judge
-};
-
 // Runs the reference in Exact mode on emu.input and checks every stage of `emu` (taps of a
 // forward with every stage tapped; `router` the router GEMV variant it ran). Tokens whose pick
 // sets differ are left out of the weights, acc and output checks (their sums are different sums);
 // their expert stages are still checked (the reference recomputes each (expert, token) the
 // emulation computed). exact_taps, when given, receives the Exact reference's taps. Throws
 // InputError when the taps are missing or have the wrong shape (naming the layer and stage).
-BoundsReport check_emu_against_exact(const LayerWeights& w, const LayerTaps& emu,
-                                     RouterVariant router, LayerTaps* exact_taps = nullptr);
+// Stages judged: router_logits, topk_weights, experts.{gate,up,down} and shared.{gate,up,down}
+// (accumulated bounds), experts.h, shared.h, acc and output (consistency checks: the measured
+// input differences propagated plus the stage's own rounding).
+LegReport check_emu_against_exact(const LayerWeights& w, const LayerTaps& emu, RouterVariant router,
+                                  LayerTaps* exact_taps = nullptr);
 
 }  // namespace moecheck

@@ -12,34 +12,6 @@
 
 namespace moecheck::bounds_detail {
 
-// "%.9g".
-std::string num(double v);
-
-// Counts one value against its bound in the report's stage; `where` builds the location only for
-// the first violation.
-class Checker {
- public:
-  explicit Checker(BoundsReport& r) : r_(r) {}
-  // counted: false for a second check of a value already counted (output against its own acc).
-  template <class Where>
-  void see(Stage s, double emu, double exact, double bound, const Where& where,
-           bool counted = true) {
-    StageCheck& st = find(s);
-    if (counted) ++st.checked;
-    if (!record(st, emu, exact, bound)) return;
-    if (st.violations == 1) st.first_violation = message(st, where(), emu, exact, bound);
-  }
-
- private:
-  StageCheck& find(Stage s);
-  // Updates the worst ratio; true (and counts it) when |emu - exact| > bound or NaN.
-  static bool record(StageCheck& st, double emu, double exact, double bound);
-  std::string message(const StageCheck& st, const std::string& where, double emu, double exact,
-                      double bound) const;
-
-  BoundsReport& r_;
-};
-
 // score_func(z) in f64 (softmax has no per-expert form: NaN).
 double score64(ScoreFunc f, double z);
 

@@ -15,15 +15,18 @@
 namespace moecheck {
 namespace {
 
-using bounds_detail::Checker;
 using bounds_detail::ExpertDiff;
 using bounds_detail::score64;
 
-// The stages this check judges, in pipeline order.
-constexpr Stage kJudged[] = {Stage::kRouterLogits, Stage::kTopkWeights, Stage::kExpertsGate,
-                             Stage::kExpertsUp,    Stage::kExpertsH,    Stage::kExpertsDown,
-                             Stage::kSharedGate,   Stage::kSharedUp,    Stage::kSharedH,
-                             Stage::kSharedDown,   Stage::kAcc,         Stage::kOutput};
+// The stages this check judges, in pipeline order, and the kind of each check: h, acc and output
+// bounds are the measured input differences propagated plus the stage's own rounding.
+constexpr std::pair<Stage, CheckKind> kJudged[] = {
+    {Stage::kRouterLogits, CheckKind::kAccumulated}, {Stage::kTopkWeights, CheckKind::kAccumulated},
+    {Stage::kExpertsGate, CheckKind::kAccumulated},  {Stage::kExpertsUp, CheckKind::kAccumulated},
+    {Stage::kExpertsH, CheckKind::kConsistency},     {Stage::kExpertsDown, CheckKind::kAccumulated},
+    {Stage::kSharedGate, CheckKind::kAccumulated},   {Stage::kSharedUp, CheckKind::kAccumulated},
+    {Stage::kSharedH, CheckKind::kConsistency},      {Stage::kSharedDown, CheckKind::kAccumulated},
+    {Stage::kAcc, CheckKind::kConsistency},          {Stage::kOutput, CheckKind::kConsistency}};
 
 void need(bool ok, const LayerTaps& t, const std::string& stage, size_t expected, size_t found) {
   if (!ok)
@@ -74,7 +77,7 @@ void validate(const LayerWeights& w, const LayerTaps& t) {
 class LayerCheck {
  public:
   LayerCheck(const LayerWeights& w, const LayerTaps& et, RouterVariant router, LayerTaps& rtaps,
-             BoundsReport& rep)
+             LegReport& rep)
       : w_(w),
         c_(w.config),
         et_(et),
@@ -266,7 +269,7 @@ class LayerCheck {
   const LayerTaps& et_;
   RouterVariant router_;
   LayerTaps& rtaps_;
-  BoundsReport& rep_;
+  LegReport& rep_;
   Checker ck_;
   const int64_t T_, E_, K_, dim_;
   std::vector<double> acc_ref_, z_, delta_;
@@ -283,12 +286,13 @@ class LayerCheck {
 
 }  // namespace
 
-BoundsReport check_emu_against_exact(const LayerWeights& w, const LayerTaps& et,
-                                     RouterVariant router, LayerTaps* exact_taps) {
+LegReport check_emu_against_exact(const LayerWeights& w, const LayerTaps& et, RouterVariant router,
+                                  LayerTaps* exact_taps) {
   validate(w, et);
-  BoundsReport rep;
+  LegReport rep;
   rep.layer = et.layer;
-  for (Stage s : kJudged) rep.stages.push_back(StageCheck{s, 0, 0, 0.0, ""});
+  Checker ck(rep);
+  for (const auto& [s, kind] : kJudged) ck.add_stage(s, kind);
   LayerTaps local;
   LayerCheck(w, et, router, exact_taps ? *exact_taps : local, rep).run();
   return rep;

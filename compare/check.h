@@ -23,7 +23,7 @@ struct CheckLeg {
   std::string name;    // "ref~emu", "ref~cuda", "emu=cuda"
   bool exact = false;  // emu=cuda: bit for bit; else the bounds leg
   DiffReport report;   // bounds leg: the NMSE comparison (information); exact: the verdict
-  std::vector<BoundsReport> bounds;  // bounds leg: the verdict, per layer
+  std::vector<LegReport> bounds;     // bounds leg: the verdict, per layer
   std::vector<bool> pass;            // per layer
   std::vector<Stage> first_failing;  // per layer, meaningful where !pass
   bool same() const;

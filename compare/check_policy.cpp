@@ -34,11 +34,11 @@ DiffOptions ref_info_options() {
 
 DiffOptions exact_leg_options() { return DiffOptions{}; }
 
-bool ref_leg_pass(const LayerDiff& info, const BoundsReport& bounds) {
+bool ref_leg_pass(const LayerDiff& info, const LegReport& bounds) {
   return first_bits_failure(info) == nullptr && bounds.ok();
 }
 
-Stage ref_leg_first_failing(const LayerDiff& info, const BoundsReport& bounds) {
+Stage ref_leg_first_failing(const LayerDiff& info, const LegReport& bounds) {
   if (const StageDiff* d = first_bits_failure(info)) return d->stage;
   return bounds.first_failing();
 }

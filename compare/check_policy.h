@@ -20,9 +20,9 @@ DiffOptions exact_leg_options();
 
 // The ref ~ emu verdict of one layer: every stage within its derived bound, every routing flip
 // explained, and the same input bits on both sides (`info` is the NMSE comparison of the dumps).
-bool ref_leg_pass(const LayerDiff& info, const BoundsReport& bounds);
+bool ref_leg_pass(const LayerDiff& info, const LegReport& bounds);
 // The first thing that broke in pipeline order (the input's bits before any bound); meaningful
 // when ref_leg_pass is false.
-Stage ref_leg_first_failing(const LayerDiff& info, const BoundsReport& bounds);
+Stage ref_leg_first_failing(const LayerDiff& info, const LegReport& bounds);
 
 }  // namespace moecheck

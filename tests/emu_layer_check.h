@@ -19,7 +19,7 @@ namespace moecheck::emutest {
 // Checks a report: no unexplained flip, no stage with a violation, every stage checked something
 // (an empty stage would make the check vacuous). Prints the flips and each stage's worst
 // |emu - ref| / bound.
-inline void expect_within_bounds(const BoundsReport& r, const std::string& cfg,
+inline void expect_within_bounds(const LegReport& r, const std::string& cfg,
                                  bool expect_all_stages) {
   for (const std::string& line : r.flip_lines) std::printf("%s %s\n", cfg.c_str(), line.c_str());
   EXPECT_EQ(r.unexplained_flips, 0) << cfg << ": unexplained routing flip(s), see the lines above";
@@ -47,7 +47,7 @@ inline void check_against_reference(const LayerWeights& w, const std::vector<uin
   const emu::MoeLayer layer(w, lo);
   LayerTaps et;
   layer.forward(x.data(), T, &et);
-  const BoundsReport r = check_emu_against_exact(w, et, lo.router);
+  const LegReport r = check_emu_against_exact(w, et, lo.router);
   if (flips_out) *flips_out = static_cast<int>(r.flips);
   expect_within_bounds(r, cfg, T > 0);
 }

@@ -34,7 +34,7 @@ std::string ratio_text(double r) {
 
 // ref~emu verdict cell: the worst |diff| / bound of the stage, its routing flips, or the input's
 // bits.
-std::string bound_cell(const StageDiff& info, const BoundsReport& b) {
+std::string bound_cell(const StageDiff& info, const LegReport& b) {
   const Stage stage = info.stage;
   if (stage == Stage::kInput || stage == Stage::kSharedWeights)
     return info.pass ? "ok   same bits" : "FAIL " + std::to_string(info.out_of_tol) + " differ";
@@ -59,7 +59,7 @@ std::string nmse_cell(const StageDiff* s) {
   return fmt_num(s->nmse);
 }
 
-void bounds_json(Json& j, const BoundsReport& b) {
+void bounds_json(Json& j, const LegReport& b) {
   j.begin_object()
       .kv("layer", b.layer)
       .kv("ok", b.ok())
@@ -140,7 +140,7 @@ void leg_text(std::string& o, const CheckLeg& l, size_t li) {
         o += "    " + mismatch_line(s->first[k], s->dtype) + "\n";
     return;
   }
-  const BoundsReport& b = l.bounds[li];
+  const LegReport& b = l.bounds[li];
   if (b.flips > 0)
     o += " (" + std::to_string(b.flips) + " routing flip(s), " +
          std::to_string(b.flips - b.unexplained_flips) + " explained by the logit bound)";
@@ -209,7 +209,7 @@ std::string render_check_json(const CheckResult& r) {
     j.end_array();
     if (!l.exact) {
       j.key("bounds").begin_array();
-      for (const BoundsReport& b : l.bounds) bounds_json(j, b);
+      for (const LegReport& b : l.bounds) bounds_json(j, b);
       j.end_array().key("nmse_info");
     } else {
       j.key("report");

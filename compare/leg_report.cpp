@@ -1,0 +1,86 @@
+// LegReport and its Checker (compare/leg_report.h).
+#include "compare/leg_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <stdexcept>
+
+namespace moecheck {
+
+const char* check_kind_name(CheckKind k) {
+  switch (k) {
+    case CheckKind::kAccumulated: return "accumulated";
+    case CheckKind::kConsistency: return "consistency";
+    case CheckKind::kLocal: return "local";
+    case CheckKind::kStatistical: return "statistical";
+  }
+  return "?";
+}
+
+std::string fmt_g9(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+bool LegReport::stage_failed(const StageCheck& s) const {
+  return s.violations > 0 || (s.kind == CheckKind::kStatistical && s.chi2 > s.chi2_limit);
+}
+
+bool LegReport::ok() const {
+  if (unexplained_flips > 0) return false;
+  for (const StageCheck& s : stages)
+    if (stage_failed(s)) return false;
+  return true;
+}
+
+Stage LegReport::first_failing() const {
+  for (const StageCheck& s : stages) {
+    if (s.stage >= Stage::kTopkWeights && unexplained_flips > 0) return Stage::kTopkIds;
+    if (stage_failed(s)) return s.stage;
+  }
+  return Stage::kTopkIds;
+}
+
+const StageCheck* LegReport::stage(Stage s) const {
+  for (const StageCheck& x : stages)
+    if (x.stage == s) return &x;
+  return nullptr;
+}
+
+void Checker::add_stage(Stage s, CheckKind k) {
+  StageCheck c;
+  c.stage = s;
+  c.kind = k;
+  r_.stages.push_back(c);
+}
+
+StageCheck& Checker::find(Stage s) {
+  for (StageCheck& st : r_.stages)
+    if (st.stage == s) return st;
+  throw std::logic_error(std::string("leg check: stage ") + stage_name(s) +
+                         " is not in the report");
+}
+
+bool Checker::record(StageCheck& st, double impl, double expected, double bound) {
+  const double diff = std::fabs(impl - expected);
+  const double inf = std::numeric_limits<double>::infinity();
+  const bool nan = std::isnan(diff) && !(std::isnan(impl) && std::isnan(expected));
+  const double d = std::isnan(diff) ? (nan ? inf : 0.0) : diff;
+  const double ratio = bound > 0 ? d / bound : (d > 0 ? inf : 0.0);
+  st.worst_ratio = std::max(st.worst_ratio, ratio);
+  if (d <= bound) return false;
+  ++st.violations;
+  return true;
+}
+
+std::string Checker::message(const StageCheck& st, const std::string& where, double impl,
+                             double expected, double bound) const {
+  return "layer " + std::to_string(r_.layer) + " " + stage_name(st.stage) + " " + where +
+         ": impl " + fmt_g9(impl) + " expected " + fmt_g9(expected) + ", |diff| " +
+         fmt_g9(std::fabs(impl - expected)) + " > bound " + fmt_g9(bound);
+}
+
+}  // namespace moecheck
