@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <stdexcept>
@@ -34,30 +35,59 @@ double q8_block_bound(const float* x) {
 
 namespace {
 
-// |d A| + |dmin B| of one MMVQ unit (32 weights against one q8_1 block), integers from the
-// per-element decoders of core/blocks.h.
-double unit_float_mag(GgmlType t, const uint8_t* row, const BlockQ8_1& a, int64_t g) {
-  const int64_t sb = g / kQ8PerSuperBlock, b = g % kQ8PerSuperBlock;
+// The exact integer parts of one MMVQ unit (32 weights against one q8_1 block) and the block's
+// float scales, from the per-element decoders of core/blocks.h.
+struct UnitParts {
   int64_t A = 0, B = 0;
   double d = 0, dmin = 0;
-  for (int l = 0; l < kQK8_1; ++l) {
-    const int e = static_cast<int>(32 * b + l), sub = e / 16;
-    if (t == GgmlType::kQ2K) {
-      const auto& blk = reinterpret_cast<const BlockQ2K*>(row)[sb];
-      A += int64_t{q2k_scale(blk, sub)} * q2k_quant(blk, e) * a.qs[l];
-      B += int64_t{q2k_min(blk, sub)} * a.qs[l];
-      d = f16_to_f32(blk.d);
-      dmin = f16_to_f32(blk.dmin);
-    } else {
-      const auto& blk = reinterpret_cast<const BlockQ3K*>(row)[sb];
-      A += int64_t{q3k_scale(blk, sub)} * q3k_quant(blk, e) * a.qs[l];
-      d = f16_to_f32(blk.d);
+};
+
+UnitParts unit_parts(GgmlType t, const uint8_t* row, const BlockQ8_1& a, int64_t g) {
+  const int64_t sb = g / kQ8PerSuperBlock, b = g % kQ8PerSuperBlock;
+  UnitParts u;
+  if (t == GgmlType::kQ2K) {
+    BlockQ2K blk;  // rows come from files at any offset: copied, never aliased
+    std::memcpy(&blk, row + sb * static_cast<int64_t>(sizeof blk), sizeof blk);
+    for (int l = 0; l < kQK8_1; ++l) {
+      const int e = static_cast<int>(32 * b + l), sub = e / 16;
+      u.A += int64_t{q2k_scale(blk, sub)} * q2k_quant(blk, e) * a.qs[l];
+      u.B += int64_t{q2k_min(blk, sub)} * a.qs[l];
     }
+    u.d = f16_to_f32(blk.d);
+    u.dmin = f16_to_f32(blk.dmin);
+  } else {
+    BlockQ3K blk;
+    std::memcpy(&blk, row + sb * static_cast<int64_t>(sizeof blk), sizeof blk);
+    for (int l = 0; l < kQK8_1; ++l) {
+      const int e = static_cast<int>(32 * b + l);
+      u.A += int64_t{q3k_scale(blk, e / 16)} * q3k_quant(blk, e) * a.qs[l];
+    }
+    u.d = f16_to_f32(blk.d);
   }
-  return std::fabs(d * static_cast<double>(A)) + std::fabs(dmin * static_cast<double>(B));
+  return u;
+}
+
+// |d A| + |dmin B| of one unit.
+double unit_float_mag(GgmlType t, const uint8_t* row, const BlockQ8_1& a, int64_t g) {
+  const UnitParts u = unit_parts(t, row, a, g);
+  return std::fabs(u.d * static_cast<double>(u.A)) + std::fabs(u.dmin * static_cast<double>(u.B));
 }
 
 }  // namespace
+
+MmvqLocal mmvq_local(GgmlType t, const uint8_t* row, const BlockQ8_1* a, int64_t K) {
+  const int64_t units = K / kQK8_1;
+  const int64_t depth = (units + kWarpSize - 1) / kWarpSize + 5 + 2;  // D_U + 2
+  double exact = 0, M = 0;
+  for (int64_t g = 0; g < units; ++g) {
+    const UnitParts u = unit_parts(t, row, a[g], g);
+    const double d8 = f16_to_f32(a[g].d);
+    exact += d8 * (u.d * static_cast<double>(u.A) - u.dmin * static_cast<double>(u.B));
+    M += std::fabs(d8) *
+         (std::fabs(u.d * static_cast<double>(u.A)) + std::fabs(u.dmin * static_cast<double>(u.B)));
+  }
+  return {exact, (gamma_f32(depth) + gamma_f64(units + 2)) * M};
+}
 
 MmvqBound mmvq_exact_bound(GgmlType t, const uint8_t* row, const BlockQ8_1* a, const float* x,
                            int64_t K, const double* eblk) {

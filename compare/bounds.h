@@ -39,6 +39,14 @@ struct MmvqBound {
 MmvqBound mmvq_exact_bound(GgmlType t, const uint8_t* row, const BlockQ8_1* a, const float* x,
                            int64_t K, const double* eblk = nullptr);
 
+// "Stage-local legs", MMVQ: the exact value of one (row, token) on the q8_1 blocks the
+// implementation used (sum over units of d8 (d A - dmin B), exact integers, f64), and the bound
+// of the contract's own rounding only: gamma_{D_U + 2} sum_g |d8| (|d A| + |dmin B|).
+struct MmvqLocal {
+  double exact = 0, bound = 0;
+};
+MmvqLocal mmvq_local(GgmlType t, const uint8_t* row, const BlockQ8_1* a, int64_t K);
+
 // Runs the reference in Exact mode on emu.input and checks every stage of `emu` (taps of a
 // forward with every stage tapped; `router` the router GEMV variant it ran). Tokens whose pick
 // sets differ are left out of the weights, acc and output checks (their sums are different sums);

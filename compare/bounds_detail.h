@@ -12,6 +12,10 @@
 
 namespace moecheck::bounds_detail {
 
+// Every stage present with the config's shapes (the implementation ran with every stage
+// tapped); InputError naming the layer and stage otherwise.
+void validate_taps(const LayerWeights& w, const LayerTaps& t);
+
 // score_func(z) in f64 (softmax has no per-expert form: NaN).
 double score64(ScoreFunc f, double z);
 

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "compare/check_policy.h"
+#include "compare/local_leg.h"
 #include "core/error.h"
 #include "core/numfmt.h"
 
@@ -33,11 +34,24 @@ CheckLeg bounds_leg(const CheckInputs& in, const std::string& other,
   for (size_t li = 0; li < od.layers.size(); ++li) {
     const LayerTaps& t = od.layers[li];
     exact.emplace_back();
-    leg.bounds.push_back(check_emu_against_exact(in.layer(t.layer), t, in.router, &exact.back()));
+    leg.reports.push_back(check_emu_against_exact(in.layer(t.layer), t, in.router, &exact.back()));
     const LayerDiff& info = leg.report.layers[li];
-    leg.pass.push_back(ref_leg_pass(info, leg.bounds.back()));
-    leg.first_failing.push_back(ref_leg_first_failing(info, leg.bounds.back()));
+    leg.pass.push_back(ref_leg_pass(info, leg.reports.back()));
+    leg.first_failing.push_back(ref_leg_first_failing(info, leg.reports.back()));
     if (in.on_bounds_layer) in.on_bounds_layer(t.layer);
+  }
+  return leg;
+}
+
+// impl alone: every stage from its own inputs of the stage.
+CheckLeg local_leg(const CheckInputs& in, const std::string& impl) {
+  CheckLeg leg;
+  leg.name = impl + " local";
+  leg.kind = LegKind::kLocal;
+  for (const LayerTaps& t : in.dumps.at(impl).layers) {
+    leg.reports.push_back(check_local(in.layer(t.layer), t, in.router));
+    leg.pass.push_back(leg.reports.back().ok());
+    leg.first_failing.push_back(leg.reports.back().first_failing());
   }
   return leg;
 }
@@ -45,7 +59,7 @@ CheckLeg bounds_leg(const CheckInputs& in, const std::string& other,
 CheckLeg exact_leg(const CheckInputs& in) {
   CheckLeg leg;
   leg.name = "emu=cuda";
-  leg.exact = true;
+  leg.kind = LegKind::kExact;
   leg.report = diff_dumps(in.dumps.at("emu"), in.dumps.at("cuda"), exact_leg_options());
   for (const LayerDiff& l : leg.report.layers) {
     leg.pass.push_back(l.pass);
@@ -105,8 +119,10 @@ CheckResult judge_check(const CheckInputs& in) {
   std::vector<LayerTaps> exact;
   // ref ~ emu when the emulation ran, else ref ~ cuda (whose every bit the emulation's contract
   // fixes).
+  const char* kernel_impl = has("emu") ? "emu" : "cuda";  // the kernels' contract: emu, else cuda
   if (has("ref") && (has("emu") || has("cuda")))
-    r.legs.push_back(bounds_leg(in, has("emu") ? "emu" : "cuda", exact));
+    r.legs.push_back(bounds_leg(in, kernel_impl, exact));
+  if (has("emu") || has("cuda")) r.legs.push_back(local_leg(in, kernel_impl));
   if (has("emu") && has("cuda")) r.legs.push_back(exact_leg(in));
   for (const CheckLeg& l : r.legs) r.pass = r.pass && l.same();
   r.layers = layer_summaries(in, main, exact);

@@ -19,11 +19,18 @@
 
 namespace moecheck {
 
+// The kinds of leg `check` runs (docs/cli.md "check").
+enum class LegKind {
+  kBounds,  // ref ~ impl: accumulated bounds and consistency checks against the Exact reference
+  kLocal,   // impl alone: every stage from its own inputs (compare/local_leg.h)
+  kExact,   // emu = cuda: bit for bit
+};
+
 struct CheckLeg {
-  std::string name;    // "ref~emu", "ref~cuda", "emu=cuda"
-  bool exact = false;  // emu=cuda: bit for bit; else the bounds leg
-  DiffReport report;   // bounds leg: the NMSE comparison (information); exact: the verdict
-  std::vector<LegReport> bounds;     // bounds leg: the verdict, per layer
+  std::string name;  // "ref~emu", "emu local", "emu=cuda"
+  LegKind kind = LegKind::kBounds;
+  DiffReport report;  // kBounds: the NMSE comparison (information); kExact: the verdict
+  std::vector<LegReport> reports;    // kBounds, kLocal: the verdict, per layer
   std::vector<bool> pass;            // per layer
   std::vector<Stage> first_failing;  // per layer, meaningful where !pass
   bool same() const;

@@ -71,6 +71,7 @@ class Checker {
     if (st.violations == 1) st.first_violation = message(st, where(), impl, expected, bound);
   }
   StageCheck& find(Stage s);
+  LegReport& report() { return r_; }
 
  private:
   // Updates the worst ratio; true (and counts it) when |impl - expected| > bound or NaN.

@@ -3,6 +3,7 @@
 // verdicts; decides none. Contract: docs/cli.md "check".
 #include "tools/check_render.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -32,12 +33,9 @@ std::string ratio_text(double r) {
   return r < 1 && std::atof(t.c_str()) >= 1 ? "0.999" : t;
 }
 
-// ref~emu verdict cell: the worst |diff| / bound of the stage, its routing flips, or the input's
-// bits.
-std::string bound_cell(const StageDiff& info, const LegReport& b) {
-  const Stage stage = info.stage;
-  if (stage == Stage::kInput || stage == Stage::kSharedWeights)
-    return info.pass ? "ok   same bits" : "FAIL " + std::to_string(info.out_of_tol) + " differ";
+// A leg report's cell for one stage: its routing flips, the worst |diff| / bound (accuracy and
+// local checks), or only the verdict (consistency checks, which are not accuracy ratios).
+std::string report_cell(const LegReport& b, Stage stage) {
   if (stage == Stage::kTopkIds) {
     if (b.flips == 0) return "ok   0 flips";
     return b.unexplained_flips == 0 ? "ok   " + std::to_string(b.flips) + " flip(s) explained"
@@ -47,8 +45,23 @@ std::string bound_cell(const StageDiff& info, const LegReport& b) {
   const StageCheck* s = b.stage(stage);
   if (s == nullptr) return "-";
   if (s->checked == 0) return "-   (none checked)";
+  if (s->kind == CheckKind::kConsistency)
+    return s->violations == 0 ? "ok   consistent"
+                              : "FAIL " + std::to_string(s->violations) + " over (consistency)";
+  if (stage == Stage::kXQ8 || stage == Stage::kExpertsHQ8 || stage == Stage::kSharedHQ8)  // a rule
+    return s->violations == 0 ? "ok   rule holds"
+                              : "FAIL " + std::to_string(s->violations) + " block(s) break it";
   if (s->violations == 0) return "ok   " + ratio_text(s->worst_ratio) + " of bound";
   return "FAIL " + std::to_string(s->violations) + " over, worst " + fmt_num(s->worst_ratio);
+}
+
+// ref~emu verdict cell: the input's bits, else the bounds leg's report.
+std::string bound_cell(const StageDiff* info, const LegReport& b, Stage stage) {
+  if (stage == Stage::kInput || stage == Stage::kSharedWeights) {
+    if (info == nullptr) return "-";
+    return info->pass ? "ok   same bits" : "FAIL " + std::to_string(info->out_of_tol) + " differ";
+  }
+  return report_cell(b, stage);
 }
 
 // NMSE (information) cell.
@@ -59,7 +72,7 @@ std::string nmse_cell(const StageDiff* s) {
   return fmt_num(s->nmse);
 }
 
-void bounds_json(Json& j, const LegReport& b) {
+void report_json(Json& j, const LegReport& b) {
   j.begin_object()
       .kv("layer", b.layer)
       .kv("ok", b.ok())
@@ -73,6 +86,7 @@ void bounds_json(Json& j, const LegReport& b) {
   for (const StageCheck& s : b.stages) {
     j.begin_object()
         .kv("stage", stage_name(s.stage))
+        .kv("kind", check_kind_name(s.kind))
         .kv("checked", s.checked)
         .kv("violations", s.violations);
     j.kv("worst_ratio", s.worst_ratio).kv("first_violation", s.first_violation).end_object();
@@ -98,30 +112,53 @@ void header_text(std::string& o, const CheckResult& r) {
   }
   o += "  ran: " + ran + "\n";
   for (const auto& [name, why] : r.not_run) o += "  not run: " + name + ": " + why + "\n";
-  o += "  legs: ref~emu within the bounds derived against the reference in Exact mode "
-       "(docs/numerics.md),\n"
-       "        column 'bound': worst |diff| / bound; column 'nmse': vs the ref run above, "
-       "information only;\n"
-       "        emu=cuda bit for bit\n";
+  o += "  legs: ref~emu: accumulated bounds against the reference in Exact mode, worst |diff| / "
+       "bound\n"
+       "          ('consistent': the measured input differences propagated, no accuracy claim);\n"
+       "        nmse: ref~emu against the ref run above, information only;\n"
+       "        local: every stage recomputed from the implementation's own inputs of that stage,\n"
+       "          worst |diff| / its own rounding bound (docs/numerics.md \"Stage-local legs\");\n"
+       "        emu=cuda: bit for bit\n";
 }
 
-// One layer's table: a row per stage, a column (or two) per leg.
+// The stages a layer's table lists: those of the first dump comparison, else of the first report.
+std::vector<Stage> table_stages(const CheckResult& r, size_t li) {
+  std::vector<Stage> out;
+  for (const CheckLeg& l : r.legs) {
+    if (l.kind == LegKind::kLocal) continue;
+    for (const StageDiff& s : l.report.layers[li].stages) out.push_back(s.stage);
+    return out;
+  }
+  for (const CheckLeg& l : r.legs) {
+    out.push_back(Stage::kTopkIds);
+    for (const StageCheck& s : l.reports[li].stages) out.push_back(s.stage);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  return out;
+}
+
+// One layer's table: a row per stage, a column (two for the bounds leg) per leg.
 void table_text(std::string& o, const CheckResult& r, size_t li, bool cuda_idle) {
   o += "\nlayer " + std::to_string(r.layers[li].layer) + "\n  " + pad("stage", 15);
   for (const CheckLeg& l : r.legs) {
-    if (l.exact) o += pad(l.name, 16);
+    if (l.kind == LegKind::kExact) o += pad(l.name, 16);
+    else if (l.kind == LegKind::kLocal) o += pad(l.name, 24);
     else o += pad(l.name + " bound", 28) + pad(l.name + " nmse", 14);
   }
   if (cuda_idle) o += pad("emu=cuda", 16);
   if (r.legs.empty()) o += "(one implementation ran: nothing to compare)";
   o += "\n";
-  if (r.legs.empty()) return;
-  for (const StageDiff& first : r.legs[0].report.layers[li].stages) {
-    o += "  " + pad(stage_name(first.stage), 15);
+  for (Stage st : table_stages(r, li)) {
+    o += "  " + pad(stage_name(st), 15);
     for (const CheckLeg& l : r.legs) {
-      const StageDiff* s = l.report.layers[li].stage(first.stage);
-      if (l.exact) o += pad(exact_cell(s), 16);
-      else o += pad(s ? bound_cell(*s, l.bounds[li]) : "-", 28) + pad(nmse_cell(s), 14);
+      if (l.kind == LegKind::kLocal) {
+        o += pad(report_cell(l.reports[li], st), 24);
+        continue;
+      }
+      const StageDiff* s = l.report.layers[li].stage(st);
+      if (l.kind == LegKind::kExact) o += pad(exact_cell(s), 16);
+      else o += pad(bound_cell(s, l.reports[li], st), 28) + pad(nmse_cell(s), 14);
     }
     if (cuda_idle) o += "not run";
     o += "\n";
@@ -132,22 +169,23 @@ void table_text(std::string& o, const CheckResult& r, size_t li, bool cuda_idle)
 void leg_text(std::string& o, const CheckLeg& l, size_t li) {
   o += "  " + l.name + ": " +
        (l.pass[li] ? "agree" : std::string("BROKE first at ") + stage_name(l.first_failing[li]));
-  const LayerDiff& ld = l.report.layers[li];
-  if (l.exact) {
+  if (l.kind == LegKind::kExact) {
+    const LayerDiff& ld = l.report.layers[li];
     o += "\n";
     if (const StageDiff* s = ld.pass ? nullptr : ld.stage(ld.first_failing))
       for (size_t k = 0; k < s->first.size() && k < 3; ++k)
         o += "    " + mismatch_line(s->first[k], s->dtype) + "\n";
     return;
   }
-  const LegReport& b = l.bounds[li];
+  const LegReport& b = l.reports[li];
   if (b.flips > 0)
     o += " (" + std::to_string(b.flips) + " routing flip(s), " +
-         std::to_string(b.flips - b.unexplained_flips) + " explained by the logit bound)";
+         std::to_string(b.flips - b.unexplained_flips) + " explained)";
   o += "\n";
   for (size_t k = 0; k < b.flip_lines.size() && k < 3; ++k) o += "    " + b.flip_lines[k] + "\n";
   if (l.pass[li]) return;
-  if (const StageDiff* s = ld.stage(l.first_failing[li]);
+  if (const StageDiff* s =
+          l.kind == LegKind::kBounds ? l.report.layers[li].stage(l.first_failing[li]) : nullptr;
       s != nullptr && (s->stage == Stage::kInput || s->stage == Stage::kSharedWeights))
     for (size_t k = 0; k < s->first.size() && k < 3; ++k)
       o += "    " + mismatch_line(s->first[k], s->dtype) + "\n";
@@ -207,14 +245,21 @@ std::string render_check_json(const CheckResult& r) {
     for (size_t li = 0; li < l.pass.size(); ++li)
       j.value(l.pass[li] ? "" : stage_name(l.first_failing[li]));
     j.end_array();
-    if (!l.exact) {
-      j.key("bounds").begin_array();
-      for (const LegReport& b : l.bounds) bounds_json(j, b);
-      j.end_array().key("nmse_info");
-    } else {
-      j.key("report");
+    j.kv("kind", l.kind == LegKind::kBounds  ? "bounds"
+                 : l.kind == LegKind::kLocal ? "local"
+                                             : "exact");
+    if (l.kind != LegKind::kExact) {
+      j.key("reports").begin_array();
+      for (const LegReport& b : l.reports) report_json(j, b);
+      j.end_array();
     }
-    diff_json(j, l.report);
+    if (l.kind == LegKind::kBounds) {
+      j.key("nmse_info");
+      diff_json(j, l.report);
+    } else if (l.kind == LegKind::kExact) {
+      j.key("report");
+      diff_json(j, l.report);
+    }
     j.end_object();
   }
   j.end_array().key("layers").begin_array();
