@@ -56,7 +56,10 @@ MmvqLocal mmvq_local(GgmlType t, const uint8_t* row, const BlockQ8_1* a, int64_t
 // Stages judged: router_logits, topk_weights, experts.{gate,up,down} and shared.{gate,up,down}
 // (accumulated bounds), experts.h, shared.h, acc and output (consistency checks: the measured
 // input differences propagated plus the stage's own rounding).
+// With `stat`, also the statistical leg (docs/numerics.md "Statistical leg") on the same
+// Exact reference: gate, up, h, down, acc and output as z-scores against the noise the formats
+// predict.
 LegReport check_emu_against_exact(const LayerWeights& w, const LayerTaps& emu, RouterVariant router,
-                                  LayerTaps* exact_taps = nullptr);
+                                  LayerTaps* exact_taps = nullptr, LegReport* stat = nullptr);
 
 }  // namespace moecheck

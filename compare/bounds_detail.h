@@ -27,12 +27,22 @@ double h_bound(float ge, float ue, float gr, float ur, float hr, float L);
 // the magnitude the accumulate bound scales (sum |w2 h| plus the propagated input error).
 struct ExpertDiff {
   std::vector<double> down_ref, down_err, down_mag;
+  std::vector<double> down_var;  // the statistical leg's predicted variance of down (when run)
 };
 
 // One expert's stages (routed, or the shared one when `shared`) on the tokens of its taps:
 // gate, up, h and down against the reference's Exact Expert on the same tokens.
+// With `stat`, also the statistical leg on the same rows (check_expert_noise).
 void check_expert(const LayerWeights& w, const MatView& w1, const MatView& w3, const MatView& w2,
                   const ExpertTaps& e, const std::vector<BlockQ8_1>& x_q8,
-                  const std::vector<float>& xf, bool shared, Checker& ck, ExpertDiff& out);
+                  const std::vector<float>& xf, bool shared, Checker& ck, ExpertDiff& out,
+                  Checker* stat = nullptr);
+
+// The statistical leg on one expert (compare/stat_expert.cpp): e's gate, up, h and down against
+// the reference's taps rt on the same tokens (unweighted), as z-scores; fills out.down_var.
+void check_expert_noise(const MoeConfig& c, const MatView& w1, const MatView& w3, const MatView& w2,
+                        const ExpertTaps& e, const ExpertTaps& rt,
+                        const std::vector<BlockQ8_1>& x_q8, const std::vector<float>& xf,
+                        bool shared, Checker& stat, ExpertDiff& out);
 
 }  // namespace moecheck::bounds_detail

@@ -18,7 +18,7 @@ class ExpertCheck {
  public:
   ExpertCheck(const LayerWeights& w, const MatView& w1, const MatView& w3, const MatView& w2,
               const ExpertTaps& e, const std::vector<BlockQ8_1>& x_q8, const std::vector<float>& xf,
-              bool shared, Checker& ck, ExpertDiff& out)
+              bool shared, Checker& ck, ExpertDiff& out, Checker* stat)
       : c_(w.config),
         w1_(w1),
         w3_(w3),
@@ -29,6 +29,7 @@ class ExpertCheck {
         shared_(shared),
         ck_(ck),
         out_(out),
+        stat_(stat),
         dense_(w1.type == GgmlType::kBF16),
         who_(e.expert >= 0 ? "expert " + std::to_string(e.expert) + " " : ""),
         wrow_(static_cast<size_t>(std::max(c_.inter, c_.dim))),
@@ -50,6 +51,8 @@ class ExpertCheck {
       swiglu(j);
       down(j);
     }
+    if (stat_ != nullptr)
+      check_expert_noise(c_, w1_, w3_, w2_, e_, rt_, x_q8_, xf_, shared_, *stat_, out_);
   }
 
  private:
@@ -139,6 +142,7 @@ class ExpertCheck {
   bool shared_;
   Checker& ck_;
   ExpertDiff& out_;
+  Checker* stat_;
   bool dense_;
   std::string who_;
   ExpertTaps rt_;                   // the reference's taps on the same tokens
@@ -151,8 +155,9 @@ class ExpertCheck {
 
 void check_expert(const LayerWeights& w, const MatView& w1, const MatView& w3, const MatView& w2,
                   const ExpertTaps& e, const std::vector<BlockQ8_1>& x_q8,
-                  const std::vector<float>& xf, bool shared, Checker& ck, ExpertDiff& out) {
-  ExpertCheck(w, w1, w3, w2, e, x_q8, xf, shared, ck, out).run();
+                  const std::vector<float>& xf, bool shared, Checker& ck, ExpertDiff& out,
+                  Checker* stat) {
+  ExpertCheck(w, w1, w3, w2, e, x_q8, xf, shared, ck, out, stat).run();
 }
 
 }  // namespace moecheck::bounds_detail

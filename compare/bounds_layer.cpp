@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <utility>
 
 #include "compare/bounds_detail.h"
+#include "compare/stat_noise.h"
 #include "core/error.h"
 #include "core/numfmt.h"
 #include "reference/moe.h"
@@ -31,7 +33,7 @@ constexpr std::pair<Stage, CheckKind> kJudged[] = {
 class LayerCheck {
  public:
   LayerCheck(const LayerWeights& w, const LayerTaps& et, RouterVariant router, LayerTaps& rtaps,
-             LegReport& rep)
+             LegReport& rep, Checker* stat)
       : w_(w),
         c_(w.config),
         et_(et),
@@ -39,6 +41,7 @@ class LayerCheck {
         rtaps_(rtaps),
         rep_(rep),
         ck_(rep),
+        stat_(stat),
         T_(et.tokens),
         E_(c_.n_routed),
         K_(c_.topk),
@@ -165,12 +168,12 @@ class LayerCheck {
     for (const ExpertTaps& e : et_.experts) {
       bounds_detail::check_expert(w_, w_.gate_exps.expert(e.expert), w_.up_exps.expert(e.expert),
                                   w_.down_exps.expert(e.expert), e, et_.x_q8, xf_, false, ck_,
-                                  diffs_[e.expert]);
+                                  diffs_[e.expert], stat_);
       for (size_t j = 0; j < e.tokens.size(); ++j)
         where_of_[{e.tokens[j], e.expert}] = {&e, static_cast<int64_t>(j)};
     }
     bounds_detail::check_expert(w_, w_.shared_gate, w_.shared_up, w_.shared_down, et_.shared,
-                                et_.x_q8, xf_, true, ck_, shared_);
+                                et_.x_q8, xf_, true, ck_, shared_, stat_);
     for (int64_t t = 0; t < T_; ++t)
       for (int64_t k = 0; k < K_; ++k)
         if (where_of_.count({t, et_.topk_ids[t * K_ + k]}) == 0)
@@ -197,8 +200,30 @@ class LayerCheck {
               [&wh] { return wh() + " (output is not bf16(acc) of the same taps)"; }, false);
         ck_.see(Stage::kOutput, ye, bf16_to_f32(rtaps_.output[t * dim_ + i]),
                 std::fabs(ae - ar) + 0x1p-8 * (std::fabs(ae) + std::fabs(ar)), wh);
+        if (stat_ != nullptr) acc_output_noise(t, i, wh);
       }
     }
+  }
+
+  // "Statistical leg", acc and output: the experts' down variances through the squared routing
+  // weights, the shared expert's added; the output also carries both sides' bf16 rounding.
+  template <class Where>
+  void acc_output_noise(int64_t t, int64_t i, const Where& wh) {
+    const int64_t q = t * dim_ + i;
+    double var = shared_.down_var[q], mag = std::fabs(et_.shared.down[q]);
+    for (int64_t k = 0; k < K_; ++k) {
+      const int32_t e = et_.topk_ids[t * K_ + k];
+      const auto [tap, j] = where_of_.at({t, e});
+      const double w = et_.topk_weights[t * K_ + k];
+      var += w * w * diffs_.at(e).down_var[j * dim_ + i];
+      mag += std::fabs(w * tap->down[j * dim_ + i]);
+    }
+    const double ae = et_.acc[q], ar = acc_ref_[q], floor = gamma_f32(K_ + 1) * mag;
+    stat_->see_z(Stage::kAcc, ae, ar, std::sqrt(var), floor, wh);
+    const double var_out =
+        var + stat_noise::bf16_round_variance(ae) + stat_noise::bf16_round_variance(ar);
+    stat_->see_z(Stage::kOutput, bf16_to_f32(et_.output[q]), bf16_to_f32(rtaps_.output[q]),
+                 std::sqrt(var_out), floor, wh);
   }
 
   double acc_bound(int64_t t, int64_t i) const {
@@ -225,6 +250,7 @@ class LayerCheck {
   LayerTaps& rtaps_;
   LegReport& rep_;
   Checker ck_;
+  Checker* stat_;
   const int64_t T_, E_, K_, dim_;
   std::vector<double> acc_ref_, z_, delta_;
   ref::ExactRouting rr_;
@@ -238,17 +264,47 @@ class LayerCheck {
   ExpertDiff shared_;
 };
 
+// The independent noise sources each statistical stage is made of, counted in q8_1 blocks of 32
+// values (the unit of shared structure: a block's values share its scale and its f16 rounding,
+// and a K-quant sub-block's weights share an offset, so the errors of one block enter every row
+// together): x's blocks (dim / 32 per token), h's (inter / 32 per routed pair), the dense shared
+// h's bf16 roundings or its q8_1 blocks (inter / 32 per token). docs/numerics.md "Statistical leg".
+void set_noise_sources(const LayerWeights& w, const LayerTaps& t, Checker& sk) {
+  const MoeConfig& c = w.config;
+  int64_t pairs = 0;
+  for (const ExpertTaps& e : t.experts) pairs += static_cast<int64_t>(e.tokens.size());
+  const int64_t x = t.tokens * c.dim / kQK8_1, h = pairs * c.inter / kQK8_1,
+                sh = t.tokens * c.inter / kQK8_1;
+  for (Stage s : {Stage::kExpertsGate, Stage::kExpertsUp, Stage::kExpertsH, Stage::kSharedGate,
+                  Stage::kSharedUp, Stage::kSharedH})
+    sk.set_chi2_limit(s, x);
+  sk.set_chi2_limit(Stage::kExpertsDown, x + h);
+  sk.set_chi2_limit(Stage::kSharedDown, x + sh);
+  sk.set_chi2_limit(Stage::kAcc, x + h + sh);
+  sk.set_chi2_limit(Stage::kOutput, x + h + sh);
+}
+
 }  // namespace
 
 LegReport check_emu_against_exact(const LayerWeights& w, const LayerTaps& et, RouterVariant router,
-                                  LayerTaps* exact_taps) {
+                                  LayerTaps* exact_taps, LegReport* stat) {
   bounds_detail::validate_taps(w, et);
   LegReport rep;
   rep.layer = et.layer;
   Checker ck(rep);
   for (const auto& [s, kind] : kJudged) ck.add_stage(s, kind);
+  std::unique_ptr<Checker> sk;
+  if (stat != nullptr) {
+    *stat = LegReport{};
+    stat->layer = et.layer;
+    sk = std::make_unique<Checker>(*stat);
+    for (const auto& [s, kind] : kJudged)
+      if (s != Stage::kRouterLogits && s != Stage::kTopkWeights)
+        sk->add_stage(s, CheckKind::kStatistical);
+  }
   LayerTaps local;
-  LayerCheck(w, et, router, exact_taps ? *exact_taps : local, rep).run();
+  LayerCheck(w, et, router, exact_taps ? *exact_taps : local, rep, sk.get()).run();
+  if (sk) set_noise_sources(w, et, *sk);
   return rep;
 }
 

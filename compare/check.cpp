@@ -17,8 +17,8 @@ constexpr const char* kImplOrder[] = {"ref", "emu", "cuda"};
 
 // ref ~ other: the NMSE comparison for information, and per layer the derived bounds as the
 // verdict (the Exact reference's taps land in `exact`, one per layer).
-CheckLeg bounds_leg(const CheckInputs& in, const std::string& other,
-                    std::vector<LayerTaps>& exact) {
+std::vector<CheckLeg> bounds_legs(const CheckInputs& in, const std::string& other,
+                                  std::vector<LayerTaps>& exact) {
   const Dump& ref = in.dumps.at("ref");
   const Dump& od = in.dumps.at(other);
   std::map<int, std::vector<float>> bias;
@@ -28,19 +28,25 @@ CheckLeg bounds_leg(const CheckInputs& in, const std::string& other,
   }
   DiffOptions o = ref_info_options();
   o.bias = [&bias](int L) { return bias.at(L).data(); };
-  CheckLeg leg;
+  CheckLeg leg, stat;
   leg.name = "ref~" + other;
   leg.report = diff_dumps(ref, od, o);
+  stat.name = "ref~" + other + " stat";
+  stat.kind = LegKind::kStat;
   for (size_t li = 0; li < od.layers.size(); ++li) {
     const LayerTaps& t = od.layers[li];
     exact.emplace_back();
-    leg.reports.push_back(check_emu_against_exact(in.layer(t.layer), t, in.router, &exact.back()));
+    stat.reports.emplace_back();
+    leg.reports.push_back(check_emu_against_exact(in.layer(t.layer), t, in.router, &exact.back(),
+                                                  &stat.reports.back()));
     const LayerDiff& info = leg.report.layers[li];
     leg.pass.push_back(ref_leg_pass(info, leg.reports.back()));
     leg.first_failing.push_back(ref_leg_first_failing(info, leg.reports.back()));
+    stat.pass.push_back(stat.reports.back().ok());
+    stat.first_failing.push_back(stat.reports.back().first_failing());
     if (in.on_bounds_layer) in.on_bounds_layer(t.layer);
   }
-  return leg;
+  return {leg, stat};
 }
 
 // impl alone: every stage from its own inputs of the stage.
@@ -121,7 +127,7 @@ CheckResult judge_check(const CheckInputs& in) {
   // fixes).
   const char* kernel_impl = has("emu") ? "emu" : "cuda";  // the kernels' contract: emu, else cuda
   if (has("ref") && (has("emu") || has("cuda")))
-    r.legs.push_back(bounds_leg(in, kernel_impl, exact));
+    for (CheckLeg& l : bounds_legs(in, kernel_impl, exact)) r.legs.push_back(std::move(l));
   if (has("emu") || has("cuda")) r.legs.push_back(local_leg(in, kernel_impl));
   if (has("emu") && has("cuda")) r.legs.push_back(exact_leg(in));
   for (const CheckLeg& l : r.legs) r.pass = r.pass && l.same();

@@ -22,6 +22,7 @@ namespace moecheck {
 // The kinds of leg `check` runs (docs/cli.md "check").
 enum class LegKind {
   kBounds,  // ref ~ impl: accumulated bounds and consistency checks against the Exact reference
+  kStat,    // ref ~ impl: z-scores against the noise the formats predict (compare/stat_noise.h)
   kLocal,   // impl alone: every stage from its own inputs (compare/local_leg.h)
   kExact,   // emu = cuda: bit for bit
 };

@@ -50,6 +50,13 @@ const StageCheck* LegReport::stage(Stage s) const {
   return nullptr;
 }
 
+void Checker::set_chi2_limit(Stage s, int64_t sources) {
+  StageCheck& st = find(s);
+  const double n = static_cast<double>(st.checked);
+  const double m = static_cast<double>(std::min(st.checked, sources));
+  st.chi2_limit = m > 0 ? n * (1.0 + 6.0 * std::sqrt(2.0 / m)) : 0.0;
+}
+
 void Checker::add_stage(Stage s, CheckKind k) {
   StageCheck c;
   c.stage = s;

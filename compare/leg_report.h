@@ -32,7 +32,8 @@ struct StageCheck {
   double worst_ratio = 0;  // max |impl - expected| / bound (inf for a difference on a zero bound)
   std::string first_violation;  // layer, token, expert, row / column, both values and the bound
   // Statistical checks: values whose predicted noise is zero (a zero token, a clamped value),
-  // reported as not applicable; the sum of squared z-scores and its limit (n + 6 sqrt(2n)).
+  // reported as not applicable; the sum of squared z-scores and its limit
+  // (Checker::set_chi2_limit).
   int64_t not_applicable = 0;
   double chi2 = 0;
   double chi2_limit = 0;
@@ -70,6 +71,29 @@ class Checker {
     if (!record(st, impl, expected, bound)) return;
     if (st.violations == 1) st.first_violation = message(st, where(), impl, expected, bound);
   }
+  // Statistical: z = (impl - expected) / max(sigma, floor); a violation when |z| > 6 (the ratio
+  // is |z| / 6), or, given a `limit` (> 0), when |impl - expected| > max(limit, 6 floor) (a
+  // stage whose noise is not Gaussian sets its own 6-sigma-equivalent limit); z^2 added to the
+  // stage's chi2 and its limit kept at n + 6 sqrt(2n). A value whose predicted noise sigma is 0
+  // (a zero token, a clamped value) is not applicable.
+  template <class Where>
+  void see_z(Stage s, double impl, double expected, double sigma, double floor, const Where& where,
+             double limit = -1.0) {
+    StageCheck& st = find(s);
+    if (!(sigma > 0)) {
+      ++st.not_applicable;
+      return;
+    }
+    const double sd = sigma > floor ? sigma : floor;
+    see(s, impl, expected, limit > 0 ? (limit > 6.0 * floor ? limit : 6.0 * floor) : 6.0 * sd,
+        where);
+    const double z = (impl - expected) / sd;
+    st.chi2 += z * z;
+  }
+  // The stage's chi2 limit: n (1 + 6 sqrt(2 / min(n, sources))), where `sources` counts the
+  // independent noise sources the stage's noise is made of (its rows share them: the realised
+  // noise energy, which chi2 / n estimates, fluctuates as that count says, not as n).
+  void set_chi2_limit(Stage s, int64_t sources);
   StageCheck& find(Stage s);
   LegReport& report() { return r_; }
 

@@ -44,7 +44,15 @@ std::string report_cell(const LegReport& b, Stage stage) {
   }
   const StageCheck* s = b.stage(stage);
   if (s == nullptr) return "-";
-  if (s->checked == 0) return "-   (none checked)";
+  if (s->checked == 0 && s->kind != CheckKind::kStatistical) return "-   (none checked)";
+  if (s->kind == CheckKind::kStatistical) {
+    if (s->checked == 0) return "n/a  (no predicted noise)";
+    char buf[64];
+    const bool fail = s->violations > 0 || s->chi2 > s->chi2_limit;
+    std::snprintf(buf, sizeof buf, "%s|z| %.2g, chi2/n %.2g", fail ? "FAIL " : "ok   ",
+                  6.0 * s->worst_ratio, s->chi2 / static_cast<double>(s->checked));
+    return buf;
+  }
   if (s->kind == CheckKind::kConsistency)
     return s->violations == 0 ? "ok   consistent"
                               : "FAIL " + std::to_string(s->violations) + " over (consistency)";
@@ -72,6 +80,16 @@ std::string nmse_cell(const StageDiff* s) {
   return fmt_num(s->nmse);
 }
 
+const char* leg_kind_name(LegKind k) {
+  switch (k) {
+    case LegKind::kBounds: return "bounds";
+    case LegKind::kStat: return "statistical";
+    case LegKind::kLocal: return "local";
+    case LegKind::kExact: return "exact";
+  }
+  return "?";
+}
+
 void report_json(Json& j, const LegReport& b) {
   j.begin_object()
       .kv("layer", b.layer)
@@ -89,7 +107,10 @@ void report_json(Json& j, const LegReport& b) {
         .kv("kind", check_kind_name(s.kind))
         .kv("checked", s.checked)
         .kv("violations", s.violations);
-    j.kv("worst_ratio", s.worst_ratio).kv("first_violation", s.first_violation).end_object();
+    j.kv("worst_ratio", s.worst_ratio).kv("first_violation", s.first_violation);
+    if (s.kind == CheckKind::kStatistical)
+      j.kv("not_applicable", s.not_applicable).kv("chi2", s.chi2).kv("chi2_limit", s.chi2_limit);
+    j.end_object();
   }
   j.end_array().end_object();
 }
@@ -116,6 +137,9 @@ void header_text(std::string& o, const CheckResult& r) {
        "bound\n"
        "          ('consistent': the measured input differences propagated, no accuracy claim);\n"
        "        nmse: ref~emu against the ref run above, information only;\n"
+       "        stat: ref~emu as z-scores against the noise the formats predict; a value over 6 "
+       "sigma\n"
+       "          or a chi2 over n + 6 sqrt(2n) fails (docs/numerics.md \"Statistical leg\");\n"
        "        local: every stage recomputed from the implementation's own inputs of that stage,\n"
        "          worst |diff| / its own rounding bound (docs/numerics.md \"Stage-local legs\");\n"
        "        emu=cuda: bit for bit\n";
@@ -125,7 +149,7 @@ void header_text(std::string& o, const CheckResult& r) {
 std::vector<Stage> table_stages(const CheckResult& r, size_t li) {
   std::vector<Stage> out;
   for (const CheckLeg& l : r.legs) {
-    if (l.kind == LegKind::kLocal) continue;
+    if (l.kind == LegKind::kLocal || l.kind == LegKind::kStat) continue;
     for (const StageDiff& s : l.report.layers[li].stages) out.push_back(s.stage);
     return out;
   }
@@ -144,6 +168,7 @@ void table_text(std::string& o, const CheckResult& r, size_t li, bool cuda_idle)
   for (const CheckLeg& l : r.legs) {
     if (l.kind == LegKind::kExact) o += pad(l.name, 16);
     else if (l.kind == LegKind::kLocal) o += pad(l.name, 24);
+    else if (l.kind == LegKind::kStat) o += pad(l.name, 26);
     else o += pad(l.name + " bound", 28) + pad(l.name + " nmse", 14);
   }
   if (cuda_idle) o += pad("emu=cuda", 16);
@@ -152,8 +177,8 @@ void table_text(std::string& o, const CheckResult& r, size_t li, bool cuda_idle)
   for (Stage st : table_stages(r, li)) {
     o += "  " + pad(stage_name(st), 15);
     for (const CheckLeg& l : r.legs) {
-      if (l.kind == LegKind::kLocal) {
-        o += pad(report_cell(l.reports[li], st), 24);
+      if (l.kind == LegKind::kLocal || l.kind == LegKind::kStat) {
+        o += pad(report_cell(l.reports[li], st), l.kind == LegKind::kLocal ? 24 : 26);
         continue;
       }
       const StageDiff* s = l.report.layers[li].stage(st);
@@ -245,9 +270,7 @@ std::string render_check_json(const CheckResult& r) {
     for (size_t li = 0; li < l.pass.size(); ++li)
       j.value(l.pass[li] ? "" : stage_name(l.first_failing[li]));
     j.end_array();
-    j.kv("kind", l.kind == LegKind::kBounds  ? "bounds"
-                 : l.kind == LegKind::kLocal ? "local"
-                                             : "exact");
+    j.kv("kind", leg_kind_name(l.kind));
     if (l.kind != LegKind::kExact) {
       j.key("reports").begin_array();
       for (const LegReport& b : l.reports) report_json(j, b);

@@ -1,0 +1,81 @@
+// The statistical leg's noise model (compare/stat_noise.h; derivation in docs/numerics.md
+// "Statistical leg").
+#include "compare/stat_noise.h"
+
+#include <cmath>
+
+#include "core/numfmt.h"
+
+namespace moecheck::stat_noise {
+namespace {
+
+// Half the ulp of v in a format with `bits` significand bits (implicit bit included): the bound
+// of its rounding error, uniform on [-half, half].
+double half_ulp(double v, int bits) {
+  if (v == 0.0 || !std::isfinite(v)) return 0.0;
+  int e = 0;
+  std::frexp(v, &e);  // |v| in [2^(e-1), 2^e)
+  return std::ldexp(1.0, e - 1 - bits);
+}
+
+// The value of a block whose quant is +-127 is the block's amax, exact up to the scale's
+// rounding: its rounding error is 0 (one per block; the first one, as the quantiser's amax).
+int amax_index(const BlockQ8_1& b) {
+  for (int l = 0; l < kQK8_1; ++l)
+    if (b.qs[l] == 127 || b.qs[l] == -127) return l;
+  return -1;
+}
+
+}  // namespace
+
+double q8_dot_variance(const float* w, const BlockQ8_1* a, int64_t K) {
+  double var = 0;
+  for (int64_t g = 0; g < K / kQK8_1; ++g) {
+    const double d = f16_to_f32(a[g].d);
+    const int m = amax_index(a[g]);
+    double w2 = 0, wq = 0;
+    for (int l = 0; l < kQK8_1; ++l) {
+      const double wk = w[g * kQK8_1 + l];
+      if (l != m) w2 += wk * wk;
+      wq += wk * a[g].qs[l];
+    }
+    const double h16 = half_ulp(d, 11);  // the f16 rounding of the block's scale
+    var += d * d / 12.0 * w2 + h16 * h16 / 3.0 * wq * wq;
+  }
+  return var;
+}
+
+double q8_dot_covariance(const float* w1, const float* w3, const BlockQ8_1* a, int64_t K) {
+  double cov = 0;
+  for (int64_t g = 0; g < K / kQK8_1; ++g) {
+    const double d = f16_to_f32(a[g].d);
+    const int m = amax_index(a[g]);
+    double w13 = 0, q1 = 0, q3 = 0;
+    for (int l = 0; l < kQK8_1; ++l) {
+      const int64_t k = g * kQK8_1 + l;
+      if (l != m) w13 += static_cast<double>(w1[k]) * w3[k];
+      q1 += static_cast<double>(w1[k]) * a[g].qs[l];
+      q3 += static_cast<double>(w3[k]) * a[g].qs[l];
+    }
+    const double h16 = half_ulp(d, 11);
+    cov += d * d / 12.0 * w13 + h16 * h16 / 3.0 * q1 * q3;
+  }
+  return cov;
+}
+
+double dequant_variance(GgmlType t, const float* w, const float* x, int64_t K) {
+  if (t != GgmlType::kQ2K) return 0.0;
+  double s = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    const double hw = half_ulp(w[k], 24);
+    s += hw * hw * x[k] * x[k];
+  }
+  return s / 3.0;
+}
+
+double bf16_round_variance(double v) {
+  const double h = half_ulp(v, 8);
+  return h * h / 3.0;
+}
+
+}  // namespace moecheck::stat_noise
