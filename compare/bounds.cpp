@@ -112,15 +112,6 @@ MmvqBound mmvq_exact_bound(GgmlType t, const uint8_t* row, const BlockQ8_1* a, c
 
 namespace bounds_detail {
 
-double score64(ScoreFunc f, double z) {
-  switch (f) {
-    case ScoreFunc::kSqrtSoftplus: return std::sqrt(std::log1p(std::exp(z)));
-    case ScoreFunc::kSigmoid: return 1.0 / (1.0 + std::exp(-z));
-    case ScoreFunc::kSoftmax: break;
-  }
-  return NAN;
-}
-
 // "SwiGLU", propagated: the emulation's h from its own g, u against the reference's h from its
 // g, u (taps rounded to f32 from f64: each tap value is within u |tap| of the exact one).
 double h_bound(float ge, float ue, float gr, float ur, float hr, float L) {
@@ -132,8 +123,11 @@ double h_bound(float ge, float ue, float gr, float ur, float hr, float L) {
   const double du = std::fabs(cu(ue) - cu(ur)) + kU32 * std::fabs(ur);
   const double silu_r = std::fabs(cg(gr) / (1.0 + std::exp(-cg(gr))));
   const double prop = 1.1 * dg * std::fabs(cu(ue)) + silu_r * du;
-  return gamma_f32(5) * (std::fabs(hr) + prop) + 0x1p-126 * std::fabs(cu(ue)) + 0x1p-149 + prop +
-         kU32 * std::fabs(hr);
+  return swiglu_own_bound(std::fabs(hr) + prop, cu(ue)) + prop + kU32 * std::fabs(hr);
+}
+
+double swiglu_own_bound(double h, double uc) {
+  return gamma_f32(5) * std::fabs(h) + kSiluAbs * std::fabs(uc) + 0x1p-149;
 }
 
 }  // namespace bounds_detail

@@ -18,7 +18,6 @@ namespace moecheck {
 namespace {
 
 using bounds_detail::ExpertDiff;
-using bounds_detail::score64;
 
 // The stages this check judges, in pipeline order, and the kind of each check: h, acc and output
 // bounds are the measured input differences propagated plus the stage's own rounding.
@@ -60,9 +59,7 @@ class LayerCheck {
   }
 
  private:
-  double key(int64_t t, int64_t e, double dz) const {
-    return score64(c_.score_func, (z_[t * E_ + e] + dz) / c_.gate_temp) + w_.bias[e];
-  }
+  double key(int64_t t, int64_t e) const { return band_[t].s[e] + w_.bias[e]; }
 
   // "Router GEMV": per logit, the chain depth of the variant's schedule times sum |w x|.
   void logits() {
@@ -88,6 +85,9 @@ class LayerCheck {
   // Pick sets compared; each flipped pair must be explained by the logit bound.
   void routing() {
     flipped_.assign(static_cast<size_t>(T_), false);
+    band_.clear();
+    for (int64_t t = 0; t < T_; ++t)
+      band_.push_back(bounds_detail::score_band(c_, z_.data() + t * E_, delta_.data() + t * E_));
     for (int64_t t = 0; t < T_; ++t) {
       std::vector<int32_t> se(et_.topk_ids.begin() + t * K_, et_.topk_ids.begin() + (t + 1) * K_);
       std::vector<int32_t> sr(rr_.ids.begin() + t * K_, rr_.ids.begin() + (t + 1) * K_);
@@ -103,59 +103,43 @@ class LayerCheck {
     }
   }
 
-  // One (emulation-only e, reference-only f) pair of token t.
+  // One (emulation-only e, reference-only f) pair of token t: explained when e's key can reach
+  // f's within the score band (the logit bound propagated, the f32 evaluation).
   void flip(int64_t t, int32_t e, int32_t f) {
-    auto eps = [&](int64_t x) {
-      return 0x1p-19 * (std::fabs(key(t, x, 0)) + std::fabs(w_.bias[x]));
-    };
     ++rep_.flips;
-    const double hi_e = key(t, e, delta_[t * E_ + e]) + eps(e),
-                 lo_f = key(t, f, -delta_[t * E_ + f]) - eps(f);
-    const bool softmax = c_.score_func == ScoreFunc::kSoftmax;
-    const bool explained = !softmax && hi_e >= lo_f;
+    const bounds_detail::ScoreBand& b = band_[t];
+    const bool explained = bounds_detail::key_flip_explained(b.s[e], b.err[e], w_.bias[e], b.s[f],
+                                                             b.err[f], w_.bias[f]);
     if (!explained) ++rep_.unexplained_flips;
     char buf[400];
     std::snprintf(buf, sizeof buf,
                   "layer %d token %lld: flip, emulation picks %d (exact key %.17g), reference "
-                  "picks %d (exact key "
-                  "%.17g); margin %.3g, explainable up to %.3g: %s",
-                  et_.layer, static_cast<long long>(t), e, key(t, e, 0), f, key(t, f, 0),
-                  key(t, f, 0) - key(t, e, 0), hi_e - lo_f + key(t, f, 0) - key(t, e, 0),
-                  explained ? "explained"
-                  : softmax ? "UNEXPLAINED (softmax)"
-                            : "UNEXPLAINED");
+                  "picks %d (exact key %.17g); margin %.3g, score errors up to %.3g + %.3g: %s",
+                  et_.layer, static_cast<long long>(t), e, key(t, e), f, key(t, f),
+                  key(t, f) - key(t, e), b.err[e], b.err[f],
+                  explained ? "explained" : "UNEXPLAINED");
     rep_.flip_lines.emplace_back(buf);
   }
 
-  // Weights of unflipped tokens: relative score error r = |s(z +- delta) - s(z)| / s + 2^-19,
-  // normalised weight error <= w (r_e + r_max + (topk + 4) u).
+  // Weights of unflipped tokens: each picked score within its band, renormalised and scaled
+  // (bounds_detail::weight_bound).
   void weights() {
-    const double temp = c_.gate_temp;
     for (int64_t t = 0; t < T_; ++t) {
       if (flipped_[t]) continue;
-      double rmax = 0;
-      std::map<int32_t, double> rel;
+      const bounds_detail::ScoreBand& b = band_[t];
+      double sum = 0, err_sum = 0;
       for (int64_t k = 0; k < K_; ++k) {
         const int32_t e = rr_.ids[t * K_ + k];
-        const double z = z_[t * E_ + e], d = delta_[t * E_ + e];
-        const double s0 = score64(c_.score_func, z / temp);
-        const double r = std::max(std::fabs(score64(c_.score_func, (z + d) / temp) - s0),
-                                  std::fabs(score64(c_.score_func, (z - d) / temp) - s0)) /
-                             s0 +
-                         0x1p-19;
-        rel[e] = r;
-        rmax = std::max(rmax, r);
+        wref_[{t, e}].first = rr_.weights[t * K_ + k];
+        sum += b.s[e];
+        err_sum += b.err[e];
       }
-      for (int64_t k = 0; k < K_; ++k)
-        wref_[{t, rr_.ids[t * K_ + k]}].first = rr_.weights[t * K_ + k];
       for (int64_t k = 0; k < K_; ++k) {
         const int32_t e = et_.topk_ids[t * K_ + k];
         auto& p = wref_[{t, e}];
         p.second = et_.topk_weights[t * K_ + k];
-        const bool norm = c_.norm_topk_prob && K_ > 1;
-        const double b = std::fabs(p.first) *
-                         (rel[e] + (norm ? rmax : 0.0) + static_cast<double>(K_ + 4) * kU32);
-        ck_.see(Stage::kTopkWeights, p.second, p.first, b,
+        ck_.see(Stage::kTopkWeights, p.second, p.first,
+                bounds_detail::weight_bound(c_, b.s[e], b.err[e], sum, err_sum),
                 [t, e] { return "token " + std::to_string(t) + " expert " + std::to_string(e); });
       }
     }
@@ -255,6 +239,7 @@ class LayerCheck {
   std::vector<double> acc_ref_, z_, delta_;
   ref::ExactRouting rr_;
   std::vector<bool> flipped_;
+  std::vector<bounds_detail::ScoreBand> band_;  // per token
   std::vector<float> xf_;
   std::map<std::pair<int64_t, int32_t>, std::pair<double, double>>
       wref_;  // (t, e) -> (w_ref, w_emu)

@@ -2,12 +2,16 @@
 // Contract: docs/cli.md "check", compare/check_policy.h.
 #include "compare/check.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "compare/check_policy.h"
 #include "compare/local_leg.h"
 #include "core/error.h"
 #include "core/numfmt.h"
+#include "core/routing.h"
+#include "golden/adversarial.h"
 
 namespace moecheck {
 namespace {
@@ -74,6 +78,82 @@ CheckLeg exact_leg(const CheckInputs& in) {
   return leg;
 }
 
+std::string fmt_e(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
+// The f32 keys (scores + bias) of token t in descending order with their experts.
+std::vector<std::pair<float, int32_t>> sorted_keys(const LayerWeights& w, const LayerTaps& t,
+                                                   int64_t tok) {
+  const MoeConfig& c = w.config;
+  const Routing r =
+      route_from_logits(t.router_logits.data() + tok * c.n_routed, 1, w.bias, c, w.layer);
+  std::vector<std::pair<float, int32_t>> k;
+  for (int64_t e = 0; e < c.n_routed; ++e)
+    k.emplace_back(r.scores[e] + w.bias[e], static_cast<int32_t>(e));
+  std::stable_sort(k.begin(), k.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  return k;
+}
+
+// What each adversarial token exercised, measured on the taps: the clamps hit by side, the
+// routing tie and near tie at the top-k boundary, how much the +1e-20 weighs.
+std::vector<std::string> edge_cases(const LayerWeights& w, const LayerTaps& t, int64_t first) {
+  std::vector<std::string> out;
+  if (first < 0 || first + kAdversarialTokens > t.tokens) return out;
+  const MoeConfig& c = w.config;
+  const double L = c.swiglu_limit;
+  int64_t n[4] = {0, 0, 0, 0};  // gate > L, gate < -L, up > L, up < -L
+  for (const ExpertTaps& e : t.experts)
+    for (size_t j = 0; j < e.tokens.size(); ++j) {
+      if (e.tokens[j] != first) continue;
+      for (int64_t i = 0; i < c.inter; ++i) {
+        const double g = e.gate[j * c.inter + i], u = e.up[j * c.inter + i];
+        n[0] += g > L, n[1] += g<-L, n[2] += u> L, n[3] += u < -L;
+      }
+    }
+  out.push_back("token " + std::to_string(first) + " (clamps): gate > L " + std::to_string(n[0]) +
+                ", gate < -L " + std::to_string(n[1]) + ", up > L " + std::to_string(n[2]) +
+                ", up < -L " + std::to_string(n[3]) +
+                (n[0] && n[1] && n[2] && n[3] ? "" : "  (NOT every side reached)"));
+  const int64_t K = c.topk;
+  for (int64_t a : {first + 1, first + 2}) {
+    if (K >= c.n_routed) break;
+    const auto k = sorted_keys(w, t, a);
+    const float kk = k[static_cast<size_t>(K - 1)].first, kn = k[static_cast<size_t>(K)].first;
+    const int32_t ea = k[static_cast<size_t>(K - 1)].second, eb = k[static_cast<size_t>(K)].second;
+    std::string line =
+        "token " + std::to_string(a) + (a == first + 1 ? " (zero): " : " (near-tie): ");
+    if (kk == kn) {
+      // Which of the tied pair the implementation picked, read from its own ids.
+      const int32_t* ids = t.topk_ids.data() + a * K;
+      const bool lo = std::find(ids, ids + K, std::min(ea, eb)) != ids + K;
+      const bool hi = std::find(ids, ids + K, std::max(ea, eb)) != ids + K;
+      line += "exact tie at the top-k boundary, experts " + std::to_string(std::min(ea, eb)) +
+              " and " + std::to_string(std::max(ea, eb)) + " (key " + fmt_e(kk) + "), " +
+              (lo && !hi ? "the lower id picked" : "NOT resolved to the lower id");
+    } else
+      line += "top-k boundary margin " + fmt_e(static_cast<double>(kk) - kn) + " (" +
+              std::to_string(f32_bits(kk) - f32_bits(kn)) + " f32 ulp), experts " +
+              std::to_string(ea) + " over " + std::to_string(eb);
+    out.push_back(line);
+  }
+  const Routing r =
+      route_from_logits(t.router_logits.data() + (first + 3) * c.n_routed, 1, w.bias, c, w.layer);
+  double sum = 0;
+  for (int64_t j = 0; j < K; ++j) sum += r.scores[r.ids[j]];
+  std::string eps =
+      "token " + std::to_string(first + 3) + " (eps): picked scores sum to " + fmt_e(sum);
+  if (!(c.norm_topk_prob && K > 1)) eps += " (no renormalisation: the +1e-20 is not applied)";
+  else if (sum > 0 && 1e-20 > 0x1p-20 * sum)
+    eps += ", so the +1e-20 is " + fmt_e(1e-20 / sum) + " times that sum";
+  else eps += sum > 0 ? "  (the +1e-20 does NOT matter here)" : "  (the scores underflowed)";
+  out.push_back(eps);
+  return out;
+}
+
 // Routing histogram of the main dump and every output norm, per layer.
 std::vector<CheckLayer> layer_summaries(const CheckInputs& in, const Dump& main,
                                         const std::vector<LayerTaps>& exact) {
@@ -82,6 +162,7 @@ std::vector<CheckLayer> layer_summaries(const CheckInputs& in, const Dump& main,
     const LayerTaps& t = main.layers[li];
     CheckLayer l;
     l.layer = t.layer;
+    l.edge_cases = edge_cases(in.layer(t.layer), t, in.adversarial_from);
     l.tokens_per_expert.assign(static_cast<size_t>(main.meta.config.n_routed), 0);
     for (int32_t e : t.topk_ids) ++l.tokens_per_expert[e];
     for (const char* name : kImplOrder)
@@ -119,6 +200,7 @@ CheckResult judge_check(const CheckInputs& in) {
   const Dump& main = has("emu") ? in.dumps.at("emu") : in.dumps.begin()->second;
   r.routing_of = main.meta.implementation;
   r.tokens = main.meta.tokens;
+  r.adversarial_tokens = in.adversarial_from < 0 ? 0 : r.tokens - in.adversarial_from;
   r.config = main.meta.config;
   r.model_sha256 = main.meta.model_sha256;
   r.input_seed = main.meta.input_seed;

@@ -39,6 +39,8 @@ struct CheckLeg {
 
 struct CheckLayer {
   int layer = 0;
+  // What the adversarial tokens exercised, measured on the main dump (one line each).
+  std::vector<std::string> edge_cases;
   std::vector<int64_t> tokens_per_expert;                 // of the main dump's routing
   std::vector<std::pair<std::string, double>> output_l2;  // each implementation, then "ref-exact"
 };
@@ -51,7 +53,8 @@ struct CheckResult {
   std::vector<std::pair<std::string, std::string>> ran;  // implementation, its variant line
   std::map<std::string, std::string> not_run;            // implementation -> why
   std::string routing_of;                                // implementation whose routing is shown
-  int64_t tokens = 0;
+  int64_t tokens = 0;                                    // per layer, adversarial ones included
+  int64_t adversarial_tokens = 0;  // the last ones of `tokens` (golden/adversarial.h)
   std::vector<CheckLeg> legs;
   std::vector<CheckLayer> layers;
   bool pass = true;
@@ -65,6 +68,8 @@ struct CheckInputs {
   std::function<LayerWeights(int)> layer;
   RouterVariant router = RouterVariant::kStaged;  // the emu / cuda router variant that ran
   bool ref_exact = false;                         // the ref dump already is Exact mode
+  // The index of the first adversarial token (golden/adversarial.h), or -1 when there are none.
+  int64_t adversarial_from = -1;
   // Called after each layer's bounds check (progress), with the layer id.
   std::function<void(int)> on_bounds_layer;
 };

@@ -19,12 +19,7 @@
 namespace moecheck {
 namespace {
 
-using bounds_detail::score64;
-
 constexpr double kInf = std::numeric_limits<double>::infinity();
-// Relative error of one f32 key or score evaluation (score function through libm, / gate_temp,
-// + bias): docs/numerics.md "Stage-local legs", routing.
-constexpr double kScoreRel = 0x1p-19;
 
 // Distance of two f16 bit patterns on the ordered integer line.
 int64_t ulp_f16(uint16_t a, uint16_t b) {
@@ -142,21 +137,20 @@ class LocalCheck {
       }
   }
 
-  double key(int64_t t, int64_t e) const {
-    return score64(c_.score_func,
-                   static_cast<double>(t_.router_logits[t * c_.n_routed + e]) / c_.gate_temp) +
-           w_.bias[e];
-  }
+  double key(int64_t t, int64_t e) const { return band_[t].s[e] + w_.bias[e]; }
 
   // "Routing": the picks are the top-k of the keys of the implementation's own logits (ties to
   // the lower id); a pair differing from it is explained only by keys within their evaluation
-  // error, and never when both experts had the same logit and bias (equal inputs give equal f32
-  // keys, so the lower id must win). The weights are the own picks' scores, renormalised
-  // (+1e-20) and scaled, within (topk + 4) u plus the score evaluation error.
+  // error (the score band with no logit error), and never when both experts had the same logit
+  // and bias (equal inputs give equal f32 keys, so the lower id must win). The weights are the own
+  // picks' scores, renormalised (+1e-20) and scaled, within bounds_detail::weight_bound.
   void routing() {
     const int64_t E = c_.n_routed, K = c_.topk;
     std::vector<int32_t> order(static_cast<size_t>(E));
+    std::vector<double> z(static_cast<size_t>(E));
     for (int64_t t = 0; t < T_; ++t) {
+      for (int64_t e = 0; e < E; ++e) z[e] = t_.router_logits[t * E + e];
+      band_.push_back(bounds_detail::score_band(c_, z.data(), nullptr));
       std::iota(order.begin(), order.end(), 0);
       std::stable_sort(order.begin(), order.end(),
                        [&](int32_t a, int32_t b) { return key(t, a) > key(t, b); });
@@ -176,19 +170,19 @@ class LocalCheck {
     LegReport& rep = ck_.report();
     ++rep.flips;
     const int64_t E = c_.n_routed;
-    const double ke = key(t, e), kf = key(t, f);
-    const double eps =
-        kScoreRel * (std::fabs(ke) + std::fabs(w_.bias[e]) + std::fabs(kf) + std::fabs(w_.bias[f]));
+    const bounds_detail::ScoreBand& b = band_[t];
     const bool same_inputs =
         t_.router_logits[t * E + e] == t_.router_logits[t * E + f] && w_.bias[e] == w_.bias[f];
-    const bool explained = c_.score_func != ScoreFunc::kSoftmax && !same_inputs && kf - ke <= eps;
+    const bool explained =
+        !same_inputs && bounds_detail::key_flip_explained(b.s[e], b.err[e], w_.bias[e], b.s[f],
+                                                          b.err[f], w_.bias[f]);
     if (!explained) ++rep.unexplained_flips;
     char buf[300];
     std::snprintf(buf, sizeof buf,
                   "layer %d token %lld: picks %d (key %.17g) over %d (key %.17g) of its own "
-                  "logits; margin %.3g, "
-                  "evaluation error up to %.3g: %s",
-                  t_.layer, static_cast<long long>(t), e, ke, f, kf, kf - ke, eps,
+                  "logits; margin %.3g, evaluation error up to %.3g + %.3g: %s",
+                  t_.layer, static_cast<long long>(t), e, key(t, e), f, key(t, f),
+                  key(t, f) - key(t, e), b.err[e], b.err[f],
                   explained     ? "explained"
                   : same_inputs ? "UNEXPLAINED (equal logit and bias: the lower id must win)"
                                 : "UNEXPLAINED");
@@ -196,22 +190,21 @@ class LocalCheck {
   }
 
   void weights(int64_t t) {
-    const int64_t K = c_.topk, E = c_.n_routed;
-    std::vector<double> s(static_cast<size_t>(K));
-    double sum = 0;
+    const int64_t K = c_.topk;
+    const bounds_detail::ScoreBand& b = band_[t];
+    double sum = 0, err_sum = 0;
     for (int64_t k = 0; k < K; ++k) {
       const int32_t e = t_.topk_ids[t * K + k];
-      s[k] =
-          score64(c_.score_func, static_cast<double>(t_.router_logits[t * E + e]) / c_.gate_temp);
-      sum += s[k];
+      sum += b.s[e];
+      err_sum += b.err[e];
     }
     const bool norm = c_.norm_topk_prob && K > 1;
     for (int64_t k = 0; k < K; ++k) {
-      const double want =
-          (norm ? s[k] / (sum + 1e-20) : s[k]) * static_cast<double>(c_.route_scale);
-      const double rel = (norm ? 2 : 1) * kScoreRel + static_cast<double>(K + 4) * kU32;
       const int32_t e = t_.topk_ids[t * K + k];
-      ck_.see(Stage::kTopkWeights, t_.topk_weights[t * K + k], want, std::fabs(want) * rel,
+      const double want =
+          (norm ? b.s[e] / (sum + 1e-20) : b.s[e]) * static_cast<double>(c_.route_scale);
+      ck_.see(Stage::kTopkWeights, t_.topk_weights[t * K + k], want,
+              bounds_detail::weight_bound(c_, b.s[e], b.err[e], sum, err_sum),
               [t, e] { return "token " + std::to_string(t) + " expert " + std::to_string(e); });
     }
   }
@@ -254,7 +247,7 @@ class LocalCheck {
         const double g = e.gate[j * inter + i], u = e.up[j * inter + i], L = c_.swiglu_limit;
         const double h = swiglu64(g, u, L), uc = L > 0 ? std::clamp(u, -L, L) : u;
         ck_.see(expert_stage(shared, ExpertField::kH), e.h[j * inter + i], h,
-                gamma_f32(5) * std::fabs(h) + 0x1p-126 * std::fabs(uc) + 0x1p-149, at("col", i));
+                bounds_detail::swiglu_own_bound(h, uc), at("col", i));
       }
       const float* h = e.h.data() + j * inter;
       const BlockQ8_1* hq = e.h_q8.empty() ? nullptr : e.h_q8.data() + j * inter / kQK8_1;
@@ -330,6 +323,7 @@ class LocalCheck {
   Checker ck_;
   int64_t T_;
   std::vector<float> xf_;
+  std::vector<bounds_detail::ScoreBand> band_;  // per token, from its own logits
 };
 
 }  // namespace

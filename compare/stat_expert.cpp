@@ -63,11 +63,11 @@ class ExpertNoise {
       dequantize_row(w3_.type, w3_.row(i), r3_.data(), dim);
       double var_g = 0, var_u = 0, cov = 0, m1 = 0, m3 = 0;
       if (!dense_) {  // a dense projection reads the same bf16 x on both sides: no predicted noise
-        var_g = stat_noise::q8_dot_variance(r1_.data(), a, dim) +
+        var_g = stat_noise::q8_dot_variance(r1_.data(), a, xt, dim) +
                 stat_noise::dequant_variance(w1_.type, r1_.data(), xt, dim);
-        var_u = stat_noise::q8_dot_variance(r3_.data(), a, dim) +
+        var_u = stat_noise::q8_dot_variance(r3_.data(), a, xt, dim) +
                 stat_noise::dequant_variance(w3_.type, r3_.data(), xt, dim);
-        cov = stat_noise::q8_dot_covariance(r1_.data(), r3_.data(), a, dim);
+        cov = stat_noise::q8_dot_covariance(r1_.data(), r3_.data(), a, xt, dim);
       }
       for (int64_t k = 0; k < dim; ++k) {
         m1 += std::fabs(static_cast<double>(r1_[k]) * xt[k]);
@@ -112,8 +112,7 @@ class ExpertNoise {
                          36.0 * (std::fabs(s1) * sdg * sdu + std::fabs(s2) * var_g);
     const double h = rt_.h[q];
     stat_.see_z(stage(ExpertField::kH), e_.h[q], h, std::sqrt(var),
-                gamma_f32(5) * std::fabs(h) + 0x1p-126 * std::fabs(uc) + 0x1p-149, at(j, "col", i),
-                limit);
+                bounds_detail::swiglu_own_bound(h, uc), at(j, "col", i), limit);
     return var;
   }
 
@@ -133,7 +132,7 @@ class ExpertNoise {
         var += wk * wk * (var_h_[k] + (dense_ ? stat_noise::bf16_round_variance(h[k]) : 0.0));
         mag += std::fabs(wk * hin);
       }
-      if (!dense_) var += stat_noise::q8_dot_variance(r1_.data(), hq, inter);
+      if (!dense_) var += stat_noise::q8_dot_variance(r1_.data(), hq, h, inter);
       const int64_t q = j * dim + r;
       out_.down_var[q] = var;
       stat_.see_z(stage(ExpertField::kDown), e_.down[q], out_.down_ref[q], std::sqrt(var),

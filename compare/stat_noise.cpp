@@ -2,6 +2,7 @@
 // "Statistical leg").
 #include "compare/stat_noise.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/numfmt.h"
@@ -18,6 +19,17 @@ double half_ulp(double v, int bits) {
   return std::ldexp(1.0, e - 1 - bits);
 }
 
+// Half the spacing of f16 values around v (normal: half an ulp; subnormal or underflowing,
+// below 2^-14: half of 2^-24), the bound of the error of rounding v to f16.
+double half_ulp_f16(double v) { return std::fabs(v) < 0x1p-14 ? 0x1p-25 : half_ulp(v, 11); }
+
+// The f32 scale the quantiser derived from a block's 32 inputs: amax / 127.
+double block_scale(const float* x) {
+  float amax = 0.0f;
+  for (int l = 0; l < kQK8_1; ++l) amax = std::max(amax, std::fabs(x[l]));
+  return static_cast<double>(amax / 127.0f);
+}
+
 // The value of a block whose quant is +-127 is the block's amax, exact up to the scale's
 // rounding: its rounding error is 0 (one per block; the first one, as the quantiser's amax).
 int amax_index(const BlockQ8_1& b) {
@@ -28,10 +40,10 @@ int amax_index(const BlockQ8_1& b) {
 
 }  // namespace
 
-double q8_dot_variance(const float* w, const BlockQ8_1* a, int64_t K) {
+double q8_dot_variance(const float* w, const BlockQ8_1* a, const float* x, int64_t K) {
   double var = 0;
   for (int64_t g = 0; g < K / kQK8_1; ++g) {
-    const double d = f16_to_f32(a[g].d);
+    const double d = block_scale(x + g * kQK8_1);
     const int m = amax_index(a[g]);
     double w2 = 0, wq = 0;
     for (int l = 0; l < kQK8_1; ++l) {
@@ -39,16 +51,17 @@ double q8_dot_variance(const float* w, const BlockQ8_1* a, int64_t K) {
       if (l != m) w2 += wk * wk;
       wq += wk * a[g].qs[l];
     }
-    const double h16 = half_ulp(d, 11);  // the f16 rounding of the block's scale
+    const double h16 = half_ulp_f16(d);  // the f16 rounding of the block's scale
     var += d * d / 12.0 * w2 + h16 * h16 / 3.0 * wq * wq;
   }
   return var;
 }
 
-double q8_dot_covariance(const float* w1, const float* w3, const BlockQ8_1* a, int64_t K) {
+double q8_dot_covariance(const float* w1, const float* w3, const BlockQ8_1* a, const float* x,
+                         int64_t K) {
   double cov = 0;
   for (int64_t g = 0; g < K / kQK8_1; ++g) {
-    const double d = f16_to_f32(a[g].d);
+    const double d = block_scale(x + g * kQK8_1);
     const int m = amax_index(a[g]);
     double w13 = 0, q1 = 0, q3 = 0;
     for (int l = 0; l < kQK8_1; ++l) {
@@ -57,7 +70,7 @@ double q8_dot_covariance(const float* w1, const float* w3, const BlockQ8_1* a, i
       q1 += static_cast<double>(w1[k]) * a[g].qs[l];
       q3 += static_cast<double>(w3[k]) * a[g].qs[l];
     }
-    const double h16 = half_ulp(d, 11);
+    const double h16 = half_ulp_f16(d);
     cov += d * d / 12.0 * w13 + h16 * h16 / 3.0 * q1 * q3;
   }
   return cov;

@@ -15,10 +15,13 @@
 
 namespace moecheck::stat_noise {
 
-// Variance of sum_k w_k (x_k - q_k d16) over K values quantised to the blocks a.
-double q8_dot_variance(const float* w, const BlockQ8_1* a, int64_t K);
+// Variance of sum_k w_k (x_k - q_k d16) over K values x quantised to the blocks a (the scale d
+// is the quantiser's, amax / 127 of each block of x; its f16 rounding error is bounded by half
+// the f16 spacing at d, subnormal and underflowing scales included).
+double q8_dot_variance(const float* w, const BlockQ8_1* a, const float* x, int64_t K);
 // Covariance of the same noise seen through two rows w1, w3 (gate and up of one token).
-double q8_dot_covariance(const float* w1, const float* w3, const BlockQ8_1* a, int64_t K);
+double q8_dot_covariance(const float* w1, const float* w3, const BlockQ8_1* a, const float* x,
+                         int64_t K);
 // Variance of sum_k (w_k^f32 - w_k) x_k: the reference's Q2_K dequantisation rounding (0 for
 // other types).
 double dequant_variance(GgmlType t, const float* w, const float* x, int64_t K);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <numeric>
 
 #include "core/error.h"
 #include "core/kquant.h"
@@ -238,6 +239,16 @@ void generate_bias(const GenOptions& o, int layer, float* out) {
     float b = 0.05f * spread * rng.normal();
     if (rng.uniform() < 0.125) b += spread * static_cast<float>(rng.uniform() - 0.5);
     out[e] = b;
+  }
+  // An exact tie at the top-k boundary (version 2): the (topk + 1)-th largest bias becomes equal
+  // to the topk-th, so a token whose logits are all equal (the zero token) has two equal keys
+  // across the boundary and routing must send the tie to the lower expert id.
+  if (c.topk < c.n_routed) {
+    std::vector<int32_t> order(static_cast<size_t>(c.n_routed));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [out](int32_t a, int32_t b) { return out[a] > out[b]; });
+    out[order[static_cast<size_t>(c.topk)]] = out[order[static_cast<size_t>(c.topk - 1)]];
   }
 }
 

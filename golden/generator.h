@@ -16,7 +16,8 @@
 namespace moecheck {
 
 // Bumped whenever the bytes produced for a given seed change (recorded in the file).
-inline constexpr uint32_t kGeneratorVersion = 1;
+// 2: each layer's bias holds an exact tie at the top-k boundary (generate_bias).
+inline constexpr uint32_t kGeneratorVersion = 2;
 
 // Portable PRNG: xoshiro256** with its state filled by splitmix64 from one 64-bit key.
 class Rng {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -164,7 +165,18 @@ TEST_F(Cli, CheckWithoutArgumentsRunsTheEmbeddedDefault) {
   Result c = run("check");
   EXPECT_CODE(c, 0);
   EXPECT_HAS(c.out, "embedded default (preset tiny, 2 layers, seed 1)");
-  EXPECT_HAS(c.out, "8 token(s) per layer");
+  EXPECT_HAS(c.out, "8 seeded + 4 adversarial token(s) per layer");
+  // The adversarial tokens reach both clamps from both sides and an exact routing tie; the
+  // report says so per layer (the counts are measured on the taps, so a token that stops reaching
+  // a side shows as 0 and fails the regex).
+  const std::regex clamps(
+      R"(token 8 \(clamps\): gate > L [1-9][0-9]*, gate < -L [1-9][0-9]*, up > L )"
+      R"([1-9][0-9]*, up < -L [1-9][0-9]*)");
+  EXPECT_TRUE(std::regex_search(c.out, clamps)) << c.out;
+  EXPECT_HAS(c.out, "exact tie at the top-k boundary");
+  EXPECT_HAS(c.out, "the lower id picked");
+  EXPECT_EQ(c.out.find("NOT"), std::string::npos) << "an edge case was not reached:\n" << c.out;
+  EXPECT_HAS(c.out, "so the +1e-20 is ");
   Result again = run("check");
   EXPECT_EQ(again.out, c.out) << "check is not deterministic";
 }

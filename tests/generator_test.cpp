@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 #include "core/blocks.h"
@@ -101,7 +102,7 @@ TEST(Generator, NormalSamplerMoments_seed7) {
 TEST(Generator, PinnedDigests_tiny_seed1) {
   GenOptions o = preset_options("tiny");
   o.blocks = ExpertBlocks::kRandomValid;
-  ASSERT_EQ(kGeneratorVersion, 1u);
+  ASSERT_EQ(kGeneratorVersion, 2u);
   std::vector<uint16_t> router(static_cast<size_t>(o.config.n_routed * o.config.dim));
   generate_router(o, 0, router.data());
   std::vector<float> bias(static_cast<size_t>(o.config.n_routed));
@@ -110,10 +111,18 @@ TEST(Generator, PinnedDigests_tiny_seed1) {
   generate_shared(o, 0, Proj::kDown, shared.data());
   const std::vector<uint8_t> gate = expert(o, 1, Proj::kGate, 5);
   const std::vector<uint8_t> down = expert(o, 1, Proj::kDown, 15);
+  // Version 2: the topk-th and (topk + 1)-th largest biases are equal (an exact routing tie for
+  // any token whose scores are all equal), and no other bias equals them.
+  std::vector<float> sorted = bias;
+  std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+  const size_t k = static_cast<size_t>(o.config.topk);
+  EXPECT_EQ(sorted[k - 1], sorted[k]);
+  EXPECT_GT(sorted[k - 2], sorted[k - 1]);
+  EXPECT_GT(sorted[k], sorted[k + 1]);
   EXPECT_EQ(sha256_hex(router.data(), router.size() * 2),
             "59fd42a551adecfd6c1d5a7a0e8f8a9db59e0d3ce0901f7afdc6768811206f41");
   EXPECT_EQ(sha256_hex(bias.data(), bias.size() * 4),
-            "6e07f098d892d17202265a0bb77636a71226cdddce8d09a2e151ad52ff074397");
+            "d03420464e5bcbab52fd7f709bce35cbfbaeeb94b4346f0e14201524189465b5");
   EXPECT_EQ(sha256_hex(shared.data(), shared.size()),
             "b517788e1a86bdb9dcae17d4c349de3795deaa7fa63eb3646a7d388a098a113b");
   EXPECT_EQ(sha256_hex(gate.data(), gate.size()),

@@ -120,12 +120,13 @@ void header_text(std::string& o, const CheckResult& r) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "moecheck check: model %s\n  dim %lld, inter %lld, %lld experts, top %lld; %lld "
-                "token(s) per layer, "
-                "input seed %llu\n",
+                "seeded",
                 r.model.c_str(), static_cast<long long>(c.dim), static_cast<long long>(c.inter),
                 static_cast<long long>(c.n_routed), static_cast<long long>(c.topk),
-                static_cast<long long>(r.tokens), static_cast<unsigned long long>(r.input_seed));
+                static_cast<long long>(r.tokens - r.adversarial_tokens));
   o += buf;
+  if (r.adversarial_tokens > 0) o += " + " + std::to_string(r.adversarial_tokens) + " adversarial";
+  o += " token(s) per layer, input seed " + std::to_string(r.input_seed) + "\n";
   std::string ran;
   for (const auto& [name, variant] : r.ran) {
     if (!ran.empty()) ran += ", ";
@@ -228,6 +229,7 @@ void summary_text(std::string& o, const CheckResult& r, const CheckLayer& l) {
     h += std::to_string(e) + ":" + std::to_string(l.tokens_per_expert[e]);
   }
   o += "  routing (" + r.routing_of + "): tokens per expert " + h + "\n";
+  for (const std::string& e : l.edge_cases) o += "  edge case: " + e + "\n";
   std::string norms;
   for (const auto& [name, v] : l.output_l2) {
     char buf[64];
@@ -259,7 +261,11 @@ std::string render_check_text(const CheckResult& r) {
 
 std::string render_check_json(const CheckResult& r) {
   Json j;
-  j.begin_object().kv("model", r.model).kv("model_sha256", r.model_sha256).kv("tokens", r.tokens);
+  j.begin_object()
+      .kv("model", r.model)
+      .kv("model_sha256", r.model_sha256)
+      .kv("tokens", r.tokens)
+      .kv("adversarial_tokens", r.adversarial_tokens);
   j.kv("input_seed", r.input_seed).key("ran").begin_array();
   for (const auto& [name, v] : r.ran) j.value(name);
   j.end_array().key("not_run").begin_object();
@@ -289,6 +295,8 @@ std::string render_check_json(const CheckResult& r) {
   for (const CheckLayer& l : r.layers) {
     j.begin_object().kv("layer", l.layer).key("tokens_per_expert").begin_array();
     for (int64_t h : l.tokens_per_expert) j.value(h);
+    j.end_array().key("edge_cases").begin_array();
+    for (const std::string& e : l.edge_cases) j.value(e);
     j.end_array().key("output_l2").begin_object();
     for (const auto& [name, v] : l.output_l2) j.kv(name, v);
     j.end_object().end_object();

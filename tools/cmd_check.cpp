@@ -28,6 +28,7 @@ struct CheckArgs {
   std::string keep;
   bool json = false;
   bool hash_file = false;
+  std::string adversarial = "on";
 };
 
 // The implementations asked for, in the order they run.
@@ -49,6 +50,7 @@ void run_impls(const LoadedModel& m, const CheckArgs& a, bool impls_given, Check
   RunSpec spec;
   spec.tokens = a.tokens;
   spec.input.seed = a.input_seed;
+  spec.input.adversarial = a.adversarial == "on";
   spec.taps = true;
   spec.knobs.precision = a.precision == "exact" ? RefPrecision::kExact : RefPrecision::kModel;
   if (!a.layers.empty()) spec.layers = parse_layer_list(a.layers);
@@ -73,6 +75,7 @@ void run_impls(const LoadedModel& m, const CheckArgs& a, bool impls_given, Check
                                                             ? std::string("none requested")
                                                             : in.not_run.begin()->second));
   in.router = spec.knobs.router;
+  in.adversarial_from = spec.input.adversarial ? a.tokens : -1;
   in.ref_exact = spec.knobs.precision == RefPrecision::kExact;
 }
 
@@ -149,6 +152,12 @@ void add_check(CLI::App& app, int& rc) {
       ->capture_default_str();
   s->add_option("--keep", a->keep,
                 "write each implementation's dump (with taps) into this directory");
+  s->add_option(
+       "--adversarial", a->adversarial,
+       "append the layer's adversarial tokens (clamps, zero / exact tie, near tie, +1e-20) to "
+       "the --tokens seeded ones")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   s->add_flag("--hash-file", a->hash_file,
               "also record the whole model file's SHA-256 in the dumps (reads the whole file)");
   s->add_flag("--json", a->json, "machine-readable output");

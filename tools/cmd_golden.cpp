@@ -32,6 +32,7 @@ RunSpec golden_spec(const GoldenModel& g, Impl impl) {
   s.impl = impl;
   s.tokens = g.tokens;
   s.input.seed = g.input_seed;
+  s.input.adversarial = true;
   s.taps = true;
   return s;  // default knobs: ref precision model; emu router staged, 8 warps
 }

@@ -31,6 +31,7 @@ struct RunArgs {
   std::string shared_side = "on";
   bool json = false;
   bool hash_file = false;
+  bool adversarial = false;
 };
 
 int run_run(const RunArgs& a, bool input_seed_given) {
@@ -49,6 +50,7 @@ int run_run(const RunArgs& a, bool input_seed_given) {
   spec.input.seed = a.input_seed;
   spec.input.dump_path = a.input;
   spec.input.chain = a.chain;
+  spec.input.adversarial = a.adversarial;
   spec.taps = a.taps;
   const LoadedModel m = load_model(a.model, a.hash_file);
   Dump d;
@@ -108,6 +110,10 @@ void add_run(CLI::App& app, int& rc) {
                           ->capture_default_str();
   s->add_option("--input", a->input, "take each layer's input from this dump");
   s->add_flag("--chain", a->chain, "feed layer L's output to the next layer run");
+  s->add_flag(
+      "--adversarial", a->adversarial,
+      "append each layer's adversarial tokens (clamps, zero / exact tie, near tie, +1e-20) to the "
+      "seeded ones");
   s->add_flag("--taps", a->taps,
               "store every stage (per-expert gate/up/h/down, q8_1 blocks, shared, acc)");
   s->add_option("-o,--output", a->out, "output HDF5 dump")->required();

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "golden/adversarial.h"
 #include "golden/generator.h"
 #include "golden/sha256.h"
 #include "tools/progress.h"
@@ -211,8 +212,14 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
     if (spec.tokens <= 0)
       throw InputError("--tokens: expected a positive token count, found " +
                        std::to_string(spec.tokens));
-    d.meta.tokens = spec.tokens;
-    d.meta.input_source = spec.input.chain ? "seed+chain" : "seed";
+    if (spec.input.adversarial && spec.input.chain)
+      throw InputError(
+          "--adversarial: adversarial tokens are made per layer from its weights; they cannot be "
+          "chained");
+    d.meta.tokens = spec.tokens + (spec.input.adversarial ? kAdversarialTokens : 0);
+    d.meta.input_source = spec.input.chain         ? "seed+chain"
+                          : spec.input.adversarial ? "seed+adversarial"
+                                                   : "seed";
     d.meta.input_seed = spec.input.seed;
   }
   const int64_t T = d.meta.tokens;
@@ -230,9 +237,12 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
     } else if (spec.input.chain && i > 0) {
       x = carried;
     } else {
-      x = generate_input(input_layer_seed(spec.input.seed, L), T, c.dim);
+      x = generate_input(input_layer_seed(spec.input.seed, L), spec.tokens, c.dim);
     }
     const LayerWeights w = m.file.layer(L);
+    if (spec.input.adversarial && !in)
+      for (const AdversarialToken& a : adversarial_tokens(w, spec.input.seed))
+        x.insert(x.end(), a.x.begin(), a.x.end());
     LayerTaps taps;
     std::vector<uint16_t> y = forward_one(spec, w, x, T, &taps);
     taps.layer = L;

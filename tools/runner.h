@@ -37,10 +37,13 @@ struct ImplKnobs {
 };
 
 struct InputSpec {
-  uint64_t seed =
-      1;  // seeded inputs: layer L gets generate_input(input_layer_seed(seed, L), T, dim)
+  // Seeded inputs: layer L gets generate_input(input_layer_seed(seed, L), T, dim).
+  uint64_t seed = 1;
   std::string dump_path;  // non-empty: the dump's input of each layer (same layer id)
   bool chain = false;     // layer L+1's input is layer L's output (in the order run)
+  // Seeded inputs only: the layer's kAdversarialTokens tokens (golden/adversarial.h) follow the
+  // T seeded ones, so each layer runs T + 4 tokens.
+  bool adversarial = false;
 };
 
 struct RunSpec {
