@@ -85,9 +85,9 @@ int golden_verify(const GoldenArgs& a) {
         j.end_object();
         continue;
       }
-      std::printf("%s %s: %s (%s, %zu layer(s) x %lld token(s))\n", g.name.c_str(), impl,
-                  r.same ? "same" : "DIFFERS", golden_tolerance(impl).describe().c_str(),
-                  r.layers.size(), static_cast<long long>(g.tokens));
+      std::printf("%s %s: %s (%s, %zu layer(s) x %lld seeded + %lld adversarial token(s))\n", g.name.c_str(),
+                  impl, r.same ? "same" : "DIFFERS", golden_tolerance(impl).describe().c_str(), r.layers.size(),
+                  static_cast<long long>(g.tokens), static_cast<long long>(golden.meta.tokens - g.tokens));
       if (!r.same) std::printf("%s", diff_text(r).c_str());
     }
   }
