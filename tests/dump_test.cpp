@@ -223,13 +223,18 @@ TEST_F(DumpTest, ReaderNamesMissingDatasetAttributeAndWrongType) {
 
 // The committed golden set is format version 1 (whole-file digest, no per-slice provenance):
 // still read, with no slices and the whole file's digest.
-TEST_F(DumpTest, Version1DumpsStillRead_CommittedGoldens) {
-  const Dump d = read_dump(std::string(MOECHECK_SOURCE_DIR) + "/golden/data/tiny_emu.h5");
+// tests/data/dump_v1_small_emu.h5: the golden small emu dump as format 1 wrote it (commit
+// cf2cb16's golden/data/small_emu.h5), kept as the fixture for reading old dumps.
+TEST_F(DumpTest, Version1DumpsStillRead_small_emu_fixture) {
+  const Dump d = read_dump(std::string(MOECHECK_SOURCE_DIR) + "/tests/data/dump_v1_small_emu.h5");
   EXPECT_EQ(d.meta.format_version, 1);
   EXPECT_TRUE(d.slices.empty());
   EXPECT_EQ(d.meta.model_sha256.size(), 64u);
   EXPECT_TRUE(d.meta.model_header_sha256.empty());
-  EXPECT_EQ(d.layers.size(), 2u);
+  ASSERT_EQ(d.layers.size(), 1u);
+  EXPECT_EQ(d.meta.tokens, 2);
+  EXPECT_EQ(d.layers[0].input.size(), static_cast<size_t>(2 * d.meta.config.dim));
+  EXPECT_FALSE(d.layers[0].experts.empty());
 }
 
 TEST_F(DumpTest, ReaderRejectsMissingTruncatedAndForeignFiles) {
