@@ -120,11 +120,9 @@ void LayerDiffer::q8_rows(StageAcc& acc, StageDiff& s, const std::vector<BlockQ8
   for (size_t ra = 0; ra < toks_a.size(); ++ra) {
     const int32_t t = toks_a[ra];
     const int64_t rb = row_of(toks_b, t);
-    if (rb < 0) continue;
-    if (!agree_[t]) {
-      ++s.skipped_tokens;
-      continue;
-    }
+    if (rb < 0)
+      continue;  // (x_q8 of any token, h_q8 of a pair both sides computed: no
+                 // dependence on the token's other picks, so flipped tokens count)
     for (int64_t g = 0; g < nb; ++g)
       acc.add_q8(qa[ra * nb + g], qb[rb * nb + g], loc(s.stage, t, expert, g),
                  [&] { return where_q8_block(c_, g, down_input, expert); });
@@ -186,7 +184,10 @@ void LayerDiffer::expert_f32(Stage st, const std::vector<const ExpertTaps*>& ea,
       const int32_t t = xa.tokens[ra];
       const int64_t rb = row_of(xb.tokens, t);
       if (rb < 0) continue;
-      if (!agree_[t]) {
+      // A pair both sides computed: gate, up, h and down depend on (expert, token) only, so a
+      // flipped token still counts; its routing weight, and an h or down scaled by it, depend on
+      // the token's other picks (the renormalisation).
+      if (!agree_[t] && (f == ExpertField::kWeights || scaled) && is_routed_stage(st)) {
         ++s.skipped_tokens;
         continue;
       }

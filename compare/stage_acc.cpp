@@ -46,7 +46,9 @@ void StageAcc::add(const Elem& e, const Mismatch& loc, const std::function<std::
   const bool na = std::isnan(e.a), nb = std::isnan(e.b);
   bool ok = false;
   if (na || nb) {
-    ok = na && nb && tol_.nan_equal && (tol_.mode != ToleranceMode::kExact || e.a_bits == e.b_bits);
+    // Exact: same bits, NaN or not (docs/numerics.md: NaN results are canonical on both sides,
+    // so bit-identical NaNs are the contract). Otherwise a NaN equals a NaN only with nan_equal.
+    ok = tol_.mode == ToleranceMode::kExact ? e.a_bits == e.b_bits : na && nb && tol_.nan_equal;
     if (!ok) ++s_.nan_mismatch;
   } else {
     const double a = e.a, b = e.b;

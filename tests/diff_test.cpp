@@ -136,16 +136,32 @@ TEST(DumpDiff, InputDimensionElementsNameQ8BlockSuperBlockAndSubBlock_T2_E8_K2_i
   EXPECT_EQ(l.first_failing, Stage::kExpertsH);
 }
 
-TEST(DumpDiff, NaNEqualsNothingUnlessAsked_T2_E8_K2_dim256) {
+TEST(DumpDiff, ExactSeesSameBitNaNsAsSameOtherRulesOnlyWithNanEqual_T2_E8_K2_dim256) {
   Dump a = make_dump(small_config(), 2, {0}, 4, true);
   a.layers[0].acc[3] = std::numeric_limits<float>::quiet_NaN();
-  const Dump b = a;
-  const DiffReport r = diff_dumps(a, b, DiffOptions{});
+  Dump b = a;
+  // Exact: the same bits, NaN or not (the contract's canonical NaN on both sides).
+  EXPECT_TRUE(diff_dumps(a, b, DiffOptions{}).same);
+  // Another NaN payload is a difference under exact, with or without nan_equal.
+  b.layers[0].acc[3] = bits_f32(0x7FC00001u);
+  DiffReport r = diff_dumps(a, b, DiffOptions{});
   EXPECT_FALSE(r.same);
   EXPECT_EQ(stage(r.layers[0], Stage::kAcc).nan_mismatch, 1);
   DiffOptions o;
   o.tolerance.nan_equal = true;
-  EXPECT_TRUE(diff_dumps(a, b, o).same);
+  EXPECT_FALSE(diff_dumps(a, b, o).same);
+  // Other rules: NaN equals nothing, not even the same bits, unless nan_equal (any payload).
+  Tolerance t;
+  t.mode = ToleranceMode::kUlp;
+  t.ulp = 4;
+  r = diff_dumps(a, a, with(t));
+  EXPECT_FALSE(r.same);
+  EXPECT_EQ(stage(r.layers[0], Stage::kAcc).nan_mismatch, 1);
+  t.nan_equal = true;
+  EXPECT_TRUE(diff_dumps(a, b, with(t)).same);
+  // A NaN never equals a number.
+  b.layers[0].acc[3] = 1.0f;
+  EXPECT_FALSE(diff_dumps(a, b, with(t)).same);
 }
 
 TEST(DumpDiff, NmseIsAgainstAsEnergy_T3_E8_K2_dim256) {
@@ -190,7 +206,21 @@ TEST(DumpDiff, RoutingFlipCountedWithMarginsAndItsTokenLeftOut_T3_E8_K2_dim256) 
   EXPECT_EQ(stage(l, Stage::kTopkIds).out_of_tol, 1);
   EXPECT_EQ(stage(l, Stage::kOutput).skipped_tokens, 1);
   EXPECT_TRUE(stage(l, Stage::kOutput).pass);  // the other tokens agree
-  EXPECT_GT(stage(l, Stage::kExpertsGate).skipped_tokens, 0);
+  // The flipped token's own (expert, token) pairs do not depend on its other picks: token 0's
+  // row of expert 0 (picked on both sides) is still compared, and a change there is seen.
+  EXPECT_EQ(stage(l, Stage::kExpertsGate).skipped_tokens, 0);
+  EXPECT_EQ(stage(l, Stage::kXQ8).skipped_tokens, 0);
+  // Its routing weights are renormalised over its other picks: token 0's rows of experts 0 and 1
+  // (the synthetic B still holds a row for expert 1) are left out.
+  EXPECT_EQ(stage(l, Stage::kExpertsWeights).skipped_tokens, 2);
+  EXPECT_EQ(stage(l, Stage::kTopkWeights).skipped_tokens, 1);
+  {
+    Dump b2 = b;
+    for (ExpertTaps& e : b2.layers[0].experts)
+      if (e.expert == 0) e.gate[0] += 1.0f;  // expert 0's row 0 is token 0's
+    const LayerDiff& l2 = diff_dumps(a, b2, DiffOptions{}).layers[0];
+    EXPECT_EQ(stage(l2, Stage::kExpertsGate).out_of_tol, 1);
+  }
 
   // With the router bias (zero here) margins are keys: sqrtsoftplus(1) - sqrtsoftplus(-10).
   std::vector<float> bias(static_cast<size_t>(c.n_routed), 0.0f);
