@@ -57,6 +57,21 @@ TEST(EmuMoeLayer, small_T5_bf16shared_staged_randomblocks_vs_reference) {
                                    "small_T5_bf16shared_staged_randomblocks seed 5");
 }
 
+// The other score functions, with a gate temperature and without renormalisation (softmax's
+// scores come from the whole row: its bounds are compare/score_band.cpp's softmax band).
+TEST(EmuMoeLayer, tiny_T8_softmax_temp0p7_nonorm_and_sigmoid_vs_reference) {
+  for (const ScoreFunc f : {ScoreFunc::kSoftmax, ScoreFunc::kSigmoid}) {
+    GenOptions o = preset("tiny", SharedExpertType::kKQuant);
+    o.config.score_func = f;
+    o.config.gate_temp = 0.7f;
+    o.config.norm_topk_prob = f == ScoreFunc::kSigmoid;
+    const LayerWeights w = generate_layer(o, 0);
+    emutest::check_against_reference(w, generate_input(6, 8, w.config.dim), 8,
+                                     opts(RouterVariant::kStaged),
+                                     "tiny_T8_" + to_string(f) + "_temp0.7 seed 6");
+  }
+}
+
 // Routing flips on purpose: x repeats with period dim / 2 and router row 11 is row 3 rotated by
 // dim / 2, so both rows sum the same products (equal exact logits) while each plain-schedule lane
 // takes them in the other order (the f32 sums differ in their last bits); biases make 0, 1, 2

@@ -308,32 +308,58 @@ INSTANTIATE_TEST_SUITE_P(
       return n;
     });
 
-// Near-ties on purpose: for token 0, the bias of the best unpicked expert is moved so that its
-// exact key equals the k-th pick's up to the bias's f32 rounding; the f32 routing may then pick
-// either. Flips must be explained by the key error bounds (checked inside); they are counted.
-TEST(ReferenceModelVsExactNearTie, FlipsOnlyWithinTheKeyBound_T8_E16_K4_dim512_seeds11to14) {
+// Near-ties on purpose, made to flip: for token 0 the bias of the best unpicked expert b is set,
+// among the f32 values near (exact key of the k-th pick a) - (exact score of b), to one where
+// Model mode's f32 keys and Exact mode's f64 keys order a and b differently (the f32 key is the
+// rounded sum route_from_logits forms, ties to the lower id). Each seed must produce its flip,
+// and the flip must be explained by the key error bounds (checked inside check_model_vs_exact).
+TEST(ReferenceModelVsExactNearTie,
+     FlipsHappenAndOnlyWithinTheKeyBound_T8_E16_K4_dim512_seeds11to14) {
   const MoeConfig c = small_config(ScoreFunc::kSqrtSoftplus);
-  int flips = 0;
   for (uint32_t seed = 11; seed <= 14; ++seed) {
+    const std::string name = "T8_E16_K4_dim512_neartie_seed" + std::to_string(seed);
     OwnedLayer L = random_layer(c, seed, 3.0f, GgmlType::kBF16);
     const std::vector<uint16_t> x = random_x(seed + 1000, 8 * c.dim);
     const LayerWeights w = L.view();
     const std::vector<double> z = ref::Gate(w).logits_exact(x.data(), 1);
     const ref::ExactRouting r = ref::route_from_logits_exact(z.data(), 1, w.bias, c, w.layer);
+    const Routing rf = ref::Gate(w).forward(x.data(), 1);  // Model mode's f32 scores
     const int32_t a = r.ids[c.topk - 1];
     int32_t b = -1;
     for (int32_t e = 0; e < c.n_routed; ++e)
       if (std::find(r.ids.begin(), r.ids.end(), e) == r.ids.end() &&
           (b < 0 || r.scores[e] + L.bias[e] > r.scores[b] + L.bias[b]))
         b = e;
-    L.bias[b] = static_cast<float>(r.scores[a] + L.bias[a] - r.scores[b]);
+    // The f32 rule picks b over a when its key is larger, or equal with b the lower id; the
+    // exact rule when its f64 key is larger, or equal with b the lower id.
+    auto f32_b_wins = [&](float bias_b) {
+      const float kb = rf.scores[b] + bias_b, ka = rf.scores[a] + L.bias[a];
+      return kb > ka || (kb == ka && b < a);
+    };
+    auto exact_b_wins = [&](float bias_b) {
+      const double kb = r.scores[b] + bias_b, ka = r.scores[a] + L.bias[a];
+      return kb > ka || (kb == ka && b < a);
+    };
+    float bias_b = static_cast<float>(r.scores[a] + L.bias[a] - r.scores[b]);
+    bool found = false;
+    float lo = bias_b, hi = bias_b;
+    for (int i = 0; i < 256 && !found; ++i) {
+      for (float v : {lo, hi})
+        if (f32_b_wins(v) != exact_b_wins(v)) {
+          bias_b = v;
+          found = true;
+          break;
+        }
+      lo = std::nextafter(lo, -INFINITY);
+      hi = std::nextafter(hi, INFINITY);
+    }
+    ASSERT_TRUE(found) << name << ": no f32 bias within 256 ulps makes the two rules disagree";
+    L.bias[b] = bias_b;
     BoundReport rep;
-    check_model_vs_exact("T8_E16_K4_dim512_neartie_seed" + std::to_string(seed), L, x, 8, rep);
-    flips += rep.flips;
+    check_model_vs_exact(name, L, x, 8, rep);
+    EXPECT_GE(rep.flips, 1) << name << ": the near tie of experts " << a << " and " << b
+                            << " did not flip";
   }
-  std::printf(
-      "near-tie seeds 11..14: %d routing flips (each checked against the key error bounds)\n",
-      flips);
 }
 
 }  // namespace

@@ -317,5 +317,27 @@ RC_GTEST_PROP(Reference, ExactRoutingTwinAgreesWithTheF32Rule, ()) {
     RC_ASSERT(std::fabs(r.weights[j] - x.weights[j]) <= rw * x.weights[j] + 0x1p-126);
 }
 
+// The Exact twin's +1e-20, where it matters (logits near -86 under sqrt-softplus: the picked
+// scores sum to about 4e-19): each weight is R s / (S + 1e-20) in f64 on its own f64 scores.
+TEST(Reference, ExactRoutingAddsTheEpsilonOnce_T1_E4_K2_logitsNearMinus86) {
+  MoeConfig c;
+  c.n_routed = 4;
+  c.topk = 2;
+  c.route_scale = 1.5f;
+  const std::vector<double> z = {-86.0, -86.5, -100.0, -87.0};
+  const std::vector<float> bias(4, 0.0f);
+  const ref::ExactRouting x = ref::route_from_logits_exact(z.data(), 1, bias.data(), c, 0);
+  ASSERT_EQ(x.ids, (std::vector<int32_t>{0, 1}));
+  const double s0 = std::sqrt(std::log1p(std::exp(-86.0))),
+               s1 = std::sqrt(std::log1p(std::exp(-86.5)));
+  EXPECT_NEAR(x.scores[0], s0, 1e-15 * s0);
+  const double S = s0 + s1;
+  for (int j = 0; j < 2; ++j) {
+    const double s = j == 0 ? s0 : s1, want = 1.5 * s / (S + 1e-20);
+    EXPECT_NEAR(x.weights[j], want, 1e-14 * want) << "pick " << j;
+    EXPECT_GT(std::fabs(1.5 * s / S - want), 1e-3 * want) << "the epsilon is visible here";
+  }
+}
+
 }  // namespace
 }  // namespace moecheck

@@ -204,6 +204,62 @@ RC_GTEST_PROP(Routing, RenormalisedWeightsSumToRouteScale, ()) {
   }
 }
 
+// Each renormalised weight is route_scale times its own *unbiased* score over the f32 sum of the
+// picked scores plus 1e-20: w_j = R s_j (1+d1)(1+d2) / ((S~ + c)(1+d3)), so |w_j - R s_j / (S~ +
+// c)| <= R s_j / (S~ + c) ((1+u)^2 / (1-u) - 1) with S~ the f32 sum itself (computed here the same
+// way), plus 2^-149 R for a subnormal weight. The generator's biases (0.25, -0.125, 1/64 grid)
+// are far above that: a weight formed from the key (score + bias) fails.
+RC_GTEST_PROP(Routing, RenormalisedWeightsAreEachUnbiasedScoreOverTheSum, ()) {
+  Case k = *gen_case();
+  k.c.norm_topk_prob = true;
+  if (k.c.topk == 1) k.c.topk = std::min<int64_t>(2, k.c.n_routed);
+  RC_PRE(k.c.topk > 1);
+  RC_LOG() << k << "\n";
+  const Routing r = route(k);
+  const int64_t K = k.c.topk, n = k.c.n_routed;
+  const double rel = (1 + kU) * (1 + kU) / (1 - kU) - 1;
+  for (int64_t t = 0; t < k.tokens; ++t) {
+    float S = 0.0f;  // in pick order, as the rule sums
+    for (int64_t j = 0; j < K; ++j) S += r.scores[t * n + r.ids[t * K + j]];
+    const double den = static_cast<double>(S + 1e-20f);
+    for (int64_t j = 0; j < K; ++j) {
+      const double want =
+          k.c.route_scale * static_cast<double>(r.scores[t * n + r.ids[t * K + j]]) / den;
+      RC_LOG() << "token " << t << " pick " << j << ": got " << r.weights[t * K + j] << " want "
+               << want << "\n";
+      RC_ASSERT(std::fabs(r.weights[t * K + j] - want) <= want * rel + 0x1p-149 * k.c.route_scale);
+    }
+  }
+}
+
+// The +1e-20 where it matters: logits near -86 under sqrt-softplus give scores near e^-43 = 2e-19
+// (exp stays normal in f32), so the picked scores sum to about 4e-19 and the 1e-20 moves every
+// weight by about 2.5%, ten thousand times the rounding bound. Dropping it or adding it twice is
+// caught; the expected weight uses the rule's own f32 scores and sum.
+TEST(Routing, RenormalisationEpsilonIsAddedOnce_T1_E4_K2_logitsNearMinus86) {
+  MoeConfig c;
+  c.n_routed = 4;
+  c.topk = 2;
+  c.route_scale = 1.5f;
+  std::vector<float> z = {-86.0f, -86.5f, -100.0f, -87.0f}, b = {0, 0, 0, 0};
+  const Routing r = route_from_logits(z.data(), 1, b.data(), c, 0);
+  ASSERT_EQ(r.ids, (std::vector<int32_t>{0, 1}));
+  const float S = r.scores[0] + r.scores[1];
+  ASSERT_GT(S, 1e-19f);
+  ASSERT_LT(S, 1e-18f);
+  const double rel = (1 + kU) * (1 + kU) / (1 - kU) - 1;
+  for (int j = 0; j < 2; ++j) {
+    const double s = r.scores[r.ids[j]];
+    const double once = 1.5 * s / static_cast<double>(S + 1e-20f);
+    const double none = 1.5 * s / static_cast<double>(S),
+                 twice = 1.5 * s / (static_cast<double>(S) + 2e-20);
+    EXPECT_NEAR(r.weights[j], once, once * rel) << "pick " << j;
+    // The test can tell the three apart: the alternatives sit far outside the bound.
+    EXPECT_GT(std::fabs(none - once), 1000 * once * rel);
+    EXPECT_GT(std::fabs(twice - once), 1000 * once * rel);
+  }
+}
+
 TEST(Routing, WeightSumBoundIsTightEnoughToMeanSomething_K6) {
   // The bound above for k = 6: about 8 u, i.e. 4.8e-7 relative. A routing that forgot the
   // renormalisation (weights summing to R * S, S ~ 0.5..6 here) would be off by far more.
