@@ -354,6 +354,17 @@ std::vector<uint16_t> MoeLayer::forward(const uint16_t* xin, int64_t T, LayerTap
   m.pre_route(xin, T);
   MOECHECK_CUDA_CHECK(cudaStreamSynchronize(m.main));
 
+  // From here to the join, an error (host routing refuses the logits: a NaN key is an InputError
+  // naming the token; a plan allocation fails) would leave while the shared expert may still run
+  // on the side stream, reading x and writing its buffers: the fence waits for it first, so the
+  // next forward starts from idle streams.
+  struct SideFence {  // waits for the side stream when the forward leaves before the join
+    Impl& m;
+    bool armed = true;
+    ~SideFence() {
+      if (armed && m.o.shared_side_stream) (void)cudaStreamSynchronize(m.side);
+    }
+  } fence{m};
   const Routing rt = route_from_logits(m.h_logits.as<float>(), T, m.w.bias, c, m.w.layer);
   const LayerPlan plan = build_layer_plan(rt, c.n_routed);
   const PlanLayout layout(plan);
@@ -362,6 +373,7 @@ std::vector<uint16_t> MoeLayer::forward(const uint16_t* xin, int64_t T, LayerTap
   const auto t_routed = std::chrono::steady_clock::now();
 
   m.finish(plan, layout, T);
+  fence.armed = false;  // finish joined the side stream
   std::vector<uint16_t> out(m.h_y.as<uint16_t>(), m.h_y.as<uint16_t>() + T * c.dim);
   const auto t_end = std::chrono::steady_clock::now();
   if (timing != nullptr) {

@@ -123,6 +123,49 @@ TEST(EmuMmvqEdge, NaNScaleOrActivationPropagates) {
   }
 }
 
+// NaN and +-Inf scales in any field (d; Q2_K's dmin too) follow IEEE through the contract's
+// operations: the emulation equals the literal replay bit for bit on rows where a third of the
+// blocks carry one, and such rows do produce NaN and +-Inf outputs (checked, so the GPU test that
+// uses the same kinds, tests/gpu/mmvq_test.cu, is not vacuous).
+TEST(EmuMmvqEdge, NanAndInfScalesEqualTheReplay_Q2K_Q3K_64Rows) {
+  for (GgmlType t : {GgmlType::kQ2K, GgmlType::kQ3K}) {
+    emutest::Gen g(77 + static_cast<int>(t));
+    const int64_t K = 512, rows = 60, rb = row_bytes(t, K);
+    std::vector<uint8_t> w = emutest::make_rows(g, t, rows, K, 0.0);
+    for (int64_t b = 0; b < rows * (K / kQK_K); ++b) {
+      if (g.u32() % 3 != 0) continue;
+      const auto kind = g.u32() % 2 ? emutest::BlockKind::kNanScale : emutest::BlockKind::kInfScale;
+      if (t == GgmlType::kQ2K) {
+        const BlockQ2K blk = emutest::make_q2k(g, kind);
+        std::memcpy(w.data() + b * sizeof blk, &blk, sizeof blk);
+      } else {
+        const BlockQ3K blk = emutest::make_q3k(g, kind);
+        std::memcpy(w.data() + b * sizeof blk, &blk, sizeof blk);
+      }
+    }
+    emutest::append_inf_rows(g, t, 4, K, w);  // rows 60..63: +Inf, -Inf, +Inf, -Inf
+    std::vector<float> x = g.f32(K, 1.0);
+    for (float& v : x) v = std::fabs(v) + 0.25f;  // positive activations
+    std::vector<BlockQ8_1> a(static_cast<size_t>(K / kQK8_1));
+    emu::quantize_q8_1(x.data(), a.data(), 1, K);
+    std::vector<float> y(static_cast<size_t>(rows + 4));
+    emu::mmvq(t, w.data(), a.data(), y.data(), rows + 4, K, 1);
+    for (int64_t r = rows; r < rows + 4; ++r)
+      EXPECT_EQ(y[r], (r - rows) % 2 ? -INFINITY : INFINITY) << "row " << r;
+    int nan = 0, inf = 0;
+    for (int64_t r = 0; r < rows + 4; ++r) {
+      EXPECT_EQ(f32_bits(y[r]), f32_bits(emutest::mmvq_replay(t, w.data() + r * rb, a.data(), K)))
+          << (t == GgmlType::kQ2K ? "Q2K" : "Q3K") << " row " << r;
+      nan += std::isnan(y[r]);
+      inf += std::isinf(y[r]);
+    }
+    EXPECT_GT(nan, 0);
+    EXPECT_GE(inf, 4);
+    std::printf("%s: %d NaN and %d Inf outputs of %lld rows\n", t == GgmlType::kQ2K ? "Q2K" : "Q3K",
+                nan, inf, static_cast<long long>(rows + 4));
+  }
+}
+
 TEST(EmuMmvqEdge, AdversarialBlocksEachKind) {
   // One kind at a time over whole rows: zero d gives only the min term (Q2_K) or exactly 0
   // (Q3_K); subnormal and all-max scales stay within the bound and equal the replay.

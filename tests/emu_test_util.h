@@ -53,7 +53,9 @@ class Gen {
   std::mt19937_64 r_;
 };
 
-enum class BlockKind { kValid, kZeroScale, kSubnormalScale, kAllMaxSub };
+// kNanScale / kInfScale (a NaN or +-Inf f16 d, or for Q2_K dmin) are never drawn by make_rows's
+// adversarial share: they make whole outputs NaN / Inf, so tests ask for them explicitly.
+enum class BlockKind { kValid, kZeroScale, kSubnormalScale, kAllMaxSub, kNanScale, kInfScale };
 
 // A Q2_K block: random quants, scales and mins; d, dmin by kind (valid: ~N(0, dscale) magnitudes).
 inline BlockQ2K make_q2k(Gen& g, BlockKind kind, float dscale = 1e-3f) {
@@ -69,6 +71,15 @@ inline BlockQ2K make_q2k(Gen& g, BlockKind kind, float dscale = 1e-3f) {
       b.d = static_cast<uint16_t>(1 + g.u32() % 0x3FF);
       b.dmin = static_cast<uint16_t>(1 + g.u32() % 0x3FF);
       break;
+    case BlockKind::kNanScale:    // d or dmin NaN (quiet, either sign)
+    case BlockKind::kInfScale: {  // d or dmin +-Inf
+      const uint16_t special = kind == BlockKind::kNanScale ? 0x7E00 : 0x7C00;
+      const uint16_t v = static_cast<uint16_t>(special | (g.u32() % 2 ? 0x8000 : 0));
+      b.d = f32_to_f16(dscale);
+      b.dmin = f32_to_f16(dscale);
+      (g.u32() % 2 ? b.d : b.dmin) = v;
+      break;
+    }
     default:
       b.d = f32_to_f16(dscale * static_cast<float>(0.5 + g.uni()));
       b.dmin = f32_to_f16(dscale * static_cast<float>(0.5 + g.uni()));
@@ -85,6 +96,12 @@ inline BlockQ3K make_q3k(Gen& g, BlockKind kind, float dscale = 1e-3f) {
   switch (kind) {
     case BlockKind::kZeroScale: b.d = 0; break;
     case BlockKind::kSubnormalScale: b.d = static_cast<uint16_t>(1 + g.u32() % 0x3FF); break;
+    case BlockKind::kNanScale:
+      b.d = static_cast<uint16_t>(0x7E00 | (g.u32() % 2 ? 0x8000 : 0));
+      break;
+    case BlockKind::kInfScale:
+      b.d = static_cast<uint16_t>(0x7C00 | (g.u32() % 2 ? 0x8000 : 0));
+      break;
     default: b.d = f32_to_f16(dscale * static_cast<float>(0.5 + g.uni()));
   }
   return b;
@@ -107,6 +124,30 @@ inline std::vector<uint8_t> make_rows(Gen& g, GgmlType t, int64_t rows, int64_t 
     }
   }
   return out;
+}
+
+// Rows whose output is +-Inf for positive activations: values in [0.5, 1.5) quantised by the
+// reference quantisers (every unit's integer part A > 0), then the first block's d set to +Inf
+// (even rows) or -Inf (odd rows). Appended to `out`.
+inline void append_inf_rows(Gen& g, GgmlType t, int64_t rows, int64_t K,
+                            std::vector<uint8_t>& out) {
+  const int64_t rb = row_bytes(t, K);
+  std::vector<float> v(static_cast<size_t>(K));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (float& x : v) x = static_cast<float>(0.5 + g.uni());
+    const size_t at = out.size();
+    out.resize(at + static_cast<size_t>(rb));
+    const uint16_t inf = r % 2 ? 0xFC00 : 0x7C00;
+    if (t == GgmlType::kQ2K) {
+      auto* b = reinterpret_cast<BlockQ2K*>(out.data() + at);
+      quantize_row_q2_K_ref(v.data(), b, K);
+      b[0].d = inf;
+    } else {
+      auto* b = reinterpret_cast<BlockQ3K*>(out.data() + at);
+      quantize_row_q3_K_ref(v.data(), b, K);
+      b[0].d = inf;
+    }
+  }
 }
 
 // docs/numerics.md "q8_1 step" bound; the formula lives once, in compare/bounds.cpp.

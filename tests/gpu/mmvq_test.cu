@@ -4,6 +4,8 @@
 // sub-scales), activations with NaN, large and zero blocks, and each launch twice.
 // Contract: docs/numerics.md "mmvq_q2k, mmvq_q3k".
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <memory>
 #include <tuple>
 
@@ -173,6 +175,67 @@ TEST_P(MmvqTest, GroupsEqualsEmu_100Seeds) {
                       da.get(), dy.get(), rows, K, warps, nullptr);
     ASSERT_TRUE(same_f32("mmvq_groups", dy.host(), want, rows, gputest::repro(seed)));
   }
+}
+
+// NaN and +-Inf weight scales (d, or Q2_K's dmin; docs/numerics.md "mmvq_q2k, mmvq_q3k": IEEE
+// through the operations): rows where about a third of the blocks carry one, the rest valid;
+// plus two rows built to give +-Inf (tests/emu_test_util.h append_inf_rows; positive activations
+// on even seeds); plain and one-token expert forms equal the emulation bitwise (canonical NaN),
+// and the expected outputs do contain NaN and +-Inf (the cases are not vacuous).
+TEST_P(MmvqTest, NanInfWeightScalesEqualEmu_40Seeds) {
+  MOECHECK_REQUIRE_GPU();
+  const auto [type, warps] = GetParam();
+  int64_t nan_out = 0, inf_out = 0;
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    emutest::Gen g(seed * 7001 + static_cast<uint64_t>(type) * 3 + static_cast<uint64_t>(warps));
+    const int64_t K = kQK_K * (1 + static_cast<int64_t>(g.u32() % 4));
+    const int64_t rows = 1 + g.u32() % 24, T = 1 + g.u32() % 9, rb = row_bytes(type, K);
+    std::vector<uint8_t> w = emutest::make_rows(g, type, rows, K, 0.0);
+    for (int64_t b = 0; b < rows * (K / kQK_K); ++b) {
+      if (g.u32() % 3 != 0) continue;
+      const auto kind = g.u32() % 2 ? emutest::BlockKind::kNanScale : emutest::BlockKind::kInfScale;
+      if (type == GgmlType::kQ2K) {
+        const BlockQ2K blk = emutest::make_q2k(g, kind);
+        std::memcpy(w.data() + b * sizeof blk, &blk, sizeof blk);
+      } else {
+        const BlockQ3K blk = emutest::make_q3k(g, kind);
+        std::memcpy(w.data() + b * sizeof blk, &blk, sizeof blk);
+      }
+    }
+    const int64_t n_inf = 2;  // rows whose output is +-Inf for positive activations
+    emutest::append_inf_rows(g, type, n_inf, K, w);
+    const int64_t all_rows = rows + n_inf;
+    std::vector<float> x = g.f32(T * K, 1.0);
+    if (seed % 2 == 0)
+      for (float& v : x) v = std::fabs(v) + 0.25f;
+    std::vector<BlockQ8_1> a(static_cast<size_t>(T * K / kQK8_1));
+    emu::quantize_q8_1(x.data(), a.data(), T, K);
+    std::vector<float> want(static_cast<size_t>(T * all_rows));
+    emu::mmvq(type, w.data(), a.data(), want.data(), all_rows, K, T);
+    for (float v : want) nan_out += std::isnan(v), inf_out += std::isinf(v);
+    const std::string r =
+        gputest::repro(seed, "NaN/Inf scales K=" + std::to_string(K) +
+                                 " rows=" + std::to_string(rows) + " T=" + std::to_string(T));
+    DevArray<uint8_t> dw(w);
+    DevArray<BlockQ8_1> da(a);
+    DevArray<float> dy(want.size());
+    cuda::mmvq(type, dw.get(), da.get(), dy.get(), all_rows, K, T, warps, nullptr);
+    ASSERT_TRUE(same_f32("mmvq NaN/Inf scales", dy.host(), want, all_rows, r));
+    // The one-token expert form over the same matrix cut into single-row "experts".
+    std::vector<const uint8_t*> hp, dp;
+    for (int64_t i = 0; i < all_rows; ++i) {
+      hp.push_back(w.data() + i * rb);
+      dp.push_back(dw.get() + i * rb);
+    }
+    std::vector<float> want_e(static_cast<size_t>(all_rows));
+    emu::mmvq_experts(type, hp.data(), all_rows, a.data(), false, want_e.data(), 1, K);
+    DevArray<const uint8_t*> dtab(dp);
+    DevArray<float> de(want_e.size());
+    cuda::mmvq_experts(type, dtab.get(), all_rows, da.get(), false, de.get(), 1, K, warps, nullptr);
+    ASSERT_TRUE(same_f32("mmvq_experts NaN/Inf scales", de.host(), want_e, 1, r));
+  }
+  EXPECT_GT(nan_out, 0) << "no NaN output: the NaN-scale cases are vacuous";
+  EXPECT_GT(inf_out, 0) << "no Inf output: the Inf-scale cases are vacuous";
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, MmvqTest,

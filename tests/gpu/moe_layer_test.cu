@@ -147,6 +147,58 @@ TEST(CudaMoeLayer, Ds41_dim5120_E384_K6_FastBlocks_T1to8) {
             400);
 }
 
+// A NaN in one token's input reaches the host routing as NaN logits: the forward throws the
+// same InputError as the emulation (naming layer, token and expert), with the shared expert's
+// side stream on and off and with graphs on and off; the forward after the error (same T, then
+// another T) equals the emulation bit for bit in every stage (the side stream was fenced, no
+// buffer of the failed forward leaks into the next).
+TEST(CudaMoeLayer, NanInputThrowsTheEmulationsErrorAndTheNextForwardIsExact) {
+  MOECHECK_REQUIRE_GPU();
+  const GenOptions o = preset_options("tiny");
+  const LayerWeights w = generate_layer(o, 0);
+  const int64_t dim = w.config.dim;
+  const emu::MoeLayer ref(w, emu::LayerOptions{});
+  const auto x4 = generate_input(501, 4, dim), x7 = generate_input(502, 7, dim);
+  auto bad = x4;
+  bad[2 * dim + 7] = 0x7FC0;  // token 2: a NaN element, so every logit of token 2 is NaN
+  std::string emu_error;
+  try {
+    ref.forward(bad.data(), 4);
+  } catch (const InputError& e) {
+    emu_error = e.what();
+  }
+  ASSERT_NE(emu_error.find("token 2"), std::string::npos) << emu_error;
+  LayerTaps want4, want7;
+  const auto y4 = ref.forward(x4.data(), 4, &want4);
+  const auto y7 = ref.forward(x7.data(), 7, &want7);
+  for (bool side : {true, false})
+    for (bool graphs : {false, true}) {
+      cuda::LayerOptions co;
+      co.shared_side_stream = side;
+      co.use_graphs = graphs;
+      cuda::MoeLayer layer(w, co);
+      const std::string r =
+          gputest::repro(501, std::string("NaN input, side ") + (side ? "on" : "off") +
+                                  ", graphs " + (graphs ? "on" : "off"));
+      ASSERT_TRUE(
+          gputest::same_u16("output before the error", layer.forward(x4.data(), 4), y4, dim, r));
+      std::string cuda_error;
+      try {
+        layer.forward(bad.data(), 4);
+      } catch (const InputError& e) {
+        cuda_error = e.what();
+      }
+      EXPECT_EQ(cuda_error, emu_error) << r;
+      LayerTaps got4, got7;
+      ASSERT_TRUE(gputest::same_u16("output after the error", layer.forward(x4.data(), 4, &got4),
+                                    y4, dim, r));
+      ASSERT_TRUE(same_taps(got4, want4, w.config, r));
+      ASSERT_TRUE(gputest::same_u16("output after the error, T=7",
+                                    layer.forward(x7.data(), 7, &got7), y7, dim, r));
+      ASSERT_TRUE(same_taps(got7, want7, w.config, r));
+    }
+}
+
 TEST(CudaMoeLayer, BadOptionsAndTokensThrow) {
   MOECHECK_REQUIRE_GPU();
   const LayerWeights w = generate_layer(preset_options("tiny"), 0);
