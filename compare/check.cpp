@@ -210,7 +210,10 @@ CheckResult judge_check(const CheckInputs& in) {
   const char* kernel_impl = has("emu") ? "emu" : "cuda";  // the kernels' contract: emu, else cuda
   if (has("ref") && (has("emu") || has("cuda")))
     for (CheckLeg& l : bounds_legs(in, kernel_impl, exact)) r.legs.push_back(std::move(l));
-  if (has("emu") || has("cuda")) r.legs.push_back(local_leg(in, kernel_impl));
+  // The stage-local leg on each implementation of the kernels' contract that ran: when emu=cuda
+  // breaks, the one whose stage is wrong by itself is the one whose local leg fails.
+  for (const char* impl : {"emu", "cuda"})
+    if (has(impl)) r.legs.push_back(local_leg(in, impl));
   if (has("emu") && has("cuda")) r.legs.push_back(exact_leg(in));
   for (const CheckLeg& l : r.legs) r.pass = r.pass && l.same();
   r.layers = layer_summaries(in, main, exact);

@@ -140,7 +140,8 @@ void header_text(std::string& o, const CheckResult& r) {
        "        nmse: ref~emu against the ref run above, information only;\n"
        "        stat: ref~emu as z-scores against the noise the formats predict; a value over 6 "
        "sigma\n"
-       "          or a chi2 over n + 6 sqrt(2n) fails (docs/numerics.md \"Statistical leg\");\n"
+       "          or a stage's chi2 over n (1 + 6 sqrt(2 / m)), m its noise sources, fails\n"
+       "          (docs/numerics.md \"Statistical leg\");\n"
        "        local: every stage recomputed from the implementation's own inputs of that stage,\n"
        "          worst |diff| / its own rounding bound (docs/numerics.md \"Stage-local legs\");\n"
        "        emu=cuda: bit for bit\n";
@@ -178,6 +179,10 @@ void table_text(std::string& o, const CheckResult& r, size_t li, bool cuda_idle)
   for (Stage st : table_stages(r, li)) {
     o += "  " + pad(stage_name(st), 15);
     for (const CheckLeg& l : r.legs) {
+      if (l.kind == LegKind::kStat && st == Stage::kTopkIds) {  // routing is not a noise question
+        o += pad("-", 26);
+        continue;
+      }
       if (l.kind == LegKind::kLocal || l.kind == LegKind::kStat) {
         o += pad(report_cell(l.reports[li], st), l.kind == LegKind::kLocal ? 24 : 26);
         continue;
