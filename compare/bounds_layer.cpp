@@ -2,10 +2,14 @@
 // reference, then router logits, routing flips, routing weights, every expert, acc and output,
 // each within the bound of docs/numerics.md "Error bounds vs the reference's Exact mode".
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <exception>
+#include <functional>
 #include <map>
 #include <memory>
+#include <thread>
 #include <utility>
 
 #include "compare/bounds_detail.h"
@@ -28,6 +32,30 @@ constexpr std::pair<Stage, CheckKind> kJudged[] = {
     {Stage::kSharedGate, CheckKind::kAccumulated},   {Stage::kSharedUp, CheckKind::kAccumulated},
     {Stage::kSharedH, CheckKind::kConsistency},      {Stage::kSharedDown, CheckKind::kAccumulated},
     {Stage::kAcc, CheckKind::kConsistency},          {Stage::kOutput, CheckKind::kConsistency}};
+
+// Runs f(0) .. f(n - 1) on up to the host's core count of threads; the first exception (in task
+// order) is rethrown after every task finished.
+void run_tasks(size_t n, const std::function<void(size_t)>& f) {
+  const size_t hw = std::max<size_t>(1, std::thread::hardware_concurrency());
+  const size_t threads = std::min({n, hw, size_t{16}});
+  std::vector<std::exception_ptr> errors(n);
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < n; i = next++) {
+      try {
+        f(i);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
 
 class LayerCheck {
  public:
@@ -149,15 +177,33 @@ class LayerCheck {
   void experts() {
     xf_.resize(static_cast<size_t>(T_ * dim_));
     for (int64_t i = 0; i < T_ * dim_; ++i) xf_[i] = bf16_to_f32(et_.input[i]);
-    for (const ExpertTaps& e : et_.experts) {
+    // One task per routed expert, then the shared one, each into its own report parts (merged in
+    // this order afterwards: the same report as one pass in order), spread over the host's cores.
+    const size_t n = et_.experts.size() + 1;
+    std::vector<LegReport> parts(n, rep_.empty_like()), stat_parts;
+    if (stat_ != nullptr) stat_parts.assign(n, stat_->report().empty_like());
+    for (const ExpertTaps& e : et_.experts)
+      diffs_[e.expert];  // the map is not touched by the tasks
+    run_tasks(n, [&](size_t i) {
+      Checker ck(parts[i]);
+      std::unique_ptr<Checker> sk = stat_ ? std::make_unique<Checker>(stat_parts[i]) : nullptr;
+      if (i + 1 == n) {
+        bounds_detail::check_expert(w_, w_.shared_gate, w_.shared_up, w_.shared_down, et_.shared,
+                                    et_.x_q8, xf_, true, ck, shared_, sk.get());
+        return;
+      }
+      const ExpertTaps& e = et_.experts[i];
       bounds_detail::check_expert(w_, w_.gate_exps.expert(e.expert), w_.up_exps.expert(e.expert),
-                                  w_.down_exps.expert(e.expert), e, et_.x_q8, xf_, false, ck_,
-                                  diffs_[e.expert], stat_);
+                                  w_.down_exps.expert(e.expert), e, et_.x_q8, xf_, false, ck,
+                                  diffs_.at(e.expert), sk.get());
+    });
+    for (size_t i = 0; i < n; ++i) {
+      rep_.merge(parts[i]);
+      if (stat_ != nullptr) stat_->report().merge(stat_parts[i]);
+    }
+    for (const ExpertTaps& e : et_.experts)
       for (size_t j = 0; j < e.tokens.size(); ++j)
         where_of_[{e.tokens[j], e.expert}] = {&e, static_cast<int64_t>(j)};
-    }
-    bounds_detail::check_expert(w_, w_.shared_gate, w_.shared_up, w_.shared_down, et_.shared,
-                                et_.x_q8, xf_, true, ck_, shared_, stat_);
     for (int64_t t = 0; t < T_; ++t)
       for (int64_t k = 0; k < K_; ++k)
         if (where_of_.count({t, et_.topk_ids[t * K_ + k]}) == 0)

@@ -44,6 +44,34 @@ Stage LegReport::first_failing() const {
   return Stage::kTopkIds;
 }
 
+LegReport LegReport::empty_like() const {
+  LegReport r;
+  r.layer = layer;
+  for (const StageCheck& s : stages) {
+    StageCheck c;
+    c.stage = s.stage;
+    c.kind = s.kind;
+    r.stages.push_back(c);
+  }
+  return r;
+}
+
+void LegReport::merge(const LegReport& part) {
+  for (const StageCheck& p : part.stages) {
+    StageCheck* s = nullptr;
+    for (StageCheck& x : stages)
+      if (x.stage == p.stage) s = &x;
+    if (s == nullptr)
+      throw std::logic_error(std::string("leg merge: stage ") + stage_name(p.stage) + " missing");
+    if (s->violations == 0 && p.violations > 0) s->first_violation = p.first_violation;
+    s->checked += p.checked;
+    s->violations += p.violations;
+    s->not_applicable += p.not_applicable;
+    s->chi2 += p.chi2;
+    s->worst_ratio = std::max(s->worst_ratio, p.worst_ratio);
+  }
+}
+
 const StageCheck* LegReport::stage(Stage s) const {
   for (const StageCheck& x : stages)
     if (x.stage == s) return &x;

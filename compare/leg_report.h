@@ -51,6 +51,12 @@ struct LegReport {
   Stage first_failing() const;
   const StageCheck* stage(Stage s) const;  // nullptr for a stage this leg does not judge
   bool stage_failed(const StageCheck& s) const;
+  // The same stages (kinds kept) with every count zeroed: a part to fill on another thread.
+  LegReport empty_like() const;
+  // Adds a part's counts (checked, violations, not applicable, chi2; worst ratio as a max; the
+  // first violation when this report has none yet). Merging parts in pipeline order gives the
+  // report a sequential pass would have made.
+  void merge(const LegReport& part);
 };
 
 // "%.9g".

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/numfmt.h"
 
@@ -17,6 +18,22 @@ double half_ulp(double v, int bits) {
   int e = 0;
   std::frexp(v, &e);  // |v| in [2^(e-1), 2^e)
   return std::ldexp(1.0, e - 1 - bits);
+}
+
+// 2^e as a double, for e in the normal range of f64 (no libm call: this runs per weight).
+double pow2(int e) {
+  const uint64_t bits = static_cast<uint64_t>(e + 1023) << 52;
+  double d;
+  std::memcpy(&d, &bits, sizeof d);
+  return d;
+}
+
+// Half the spacing of the floats of `bits` significand bits (f32: 24, bf16: 8) around an f32 v:
+// from its exponent field, subnormals at the smallest spacing.
+double half_ulp_of_f32(float v, int bits) {
+  const int E = static_cast<int>((f32_bits(v) >> 23) & 0xFF);
+  if (E == 0xFF) return 0.0;
+  return pow2(std::max(E, 1) - 127 - bits);
 }
 
 // Half the spacing of f16 values around v (normal: half an ulp; subnormal or underflowing,
@@ -80,14 +97,14 @@ double dequant_variance(GgmlType t, const float* w, const float* x, int64_t K) {
   if (t != GgmlType::kQ2K) return 0.0;
   double s = 0;
   for (int64_t k = 0; k < K; ++k) {
-    const double hw = half_ulp(w[k], 24);
+    const double hw = half_ulp_of_f32(w[k], 24);
     s += hw * hw * x[k] * x[k];
   }
   return s / 3.0;
 }
 
 double bf16_round_variance(double v) {
-  const double h = half_ulp(v, 8);
+  const double h = v == 0.0 ? 0.0 : half_ulp_of_f32(static_cast<float>(v), 8);
   return h * h / 3.0;
 }
 

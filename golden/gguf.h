@@ -112,11 +112,16 @@ struct TensorInfo {
 // "[5120, 2304, 384]"
 std::string shape_string(const TensorInfo& t);
 
+// How a file is mapped: read-only, or copy-on-write (private pages: writes change this process's
+// view only, never the file; used by `moecheck sensitivity` to perturb what one implementation
+// reads while the file and every other view stay intact).
+enum class MapMode { kReadOnly, kCopyOnWrite };
+
 // A parsed, validated GGUF file. Copies share the mapping.
 class Reader {
  public:
-  // Maps `path` read-only and validates it.
-  static Reader open(const std::string& path);
+  // Maps `path` (read-only unless asked) and validates it.
+  static Reader open(const std::string& path, MapMode mode = MapMode::kReadOnly);
   // Validates bytes held in memory; `name` stands for the file in messages.
   static Reader from_bytes(std::vector<uint8_t> bytes, const std::string& name);
 
@@ -138,6 +143,9 @@ class Reader {
   const uint8_t* data(const TensorInfo& t) const { return base_ + data_offset_ + t.offset; }
   const uint8_t* bytes() const { return base_; }
   std::shared_ptr<const void> owner() const { return owner_; }
+  // The writable address of `n` bytes at p inside a copy-on-write mapping; throws std::logic_error
+  // for a read-only mapping or a range outside the file.
+  uint8_t* writable(const uint8_t* p, uint64_t n) const;
 
  private:
   friend class Parser;  // golden/gguf_reader.cpp: the parse, one part of the file per step
@@ -148,6 +156,7 @@ class Reader {
   std::shared_ptr<const void> owner_;
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
+  bool copy_on_write_ = false;
   uint32_t version_ = 0;
   uint32_t alignment_ = kDefaultAlignment;
   uint64_t data_offset_ = 0;

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 
 #include "core/error.h"
 #include "golden/gguf.h"
@@ -132,7 +133,14 @@ const TensorInfo* Reader::find_tensor(std::string_view name) const {
   return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
 }
 
-Reader Reader::open(const std::string& path) {
+uint8_t* Reader::writable(const uint8_t* p, uint64_t n) const {
+  if (!copy_on_write_) throw std::logic_error(name_ + ": writable view of a read-only mapping");
+  if (p < base_ || n > size_ || static_cast<uint64_t>(p - base_) > size_ - n)
+    throw std::logic_error(name_ + ": writable range outside the mapping");
+  return const_cast<uint8_t*>(p);  // the mapping is PROT_WRITE (private pages)
+}
+
+Reader Reader::open(const std::string& path, MapMode mode) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw InputError(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
@@ -143,7 +151,8 @@ Reader Reader::open(const std::string& path) {
   auto map = std::make_shared<Mapping>();
   map->size = static_cast<size_t>(st.st_size);
   if (map->size > 0) {
-    void* p = ::mmap(nullptr, map->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int prot = mode == MapMode::kCopyOnWrite ? PROT_READ | PROT_WRITE : PROT_READ;
+    void* p = ::mmap(nullptr, map->size, prot, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
@@ -155,7 +164,9 @@ Reader Reader::open(const std::string& path) {
   ::close(fd);  // the mapping stays valid without the descriptor
   const uint8_t* base = static_cast<const uint8_t*>(map->addr);
   const uint64_t size = map->size;
-  return parse(std::move(map), base, size, path);
+  Reader r = parse(std::move(map), base, size, path);
+  r.copy_on_write_ = mode == MapMode::kCopyOnWrite;
+  return r;
 }
 
 Reader Reader::from_bytes(std::vector<uint8_t> bytes, const std::string& name) {

@@ -114,7 +114,9 @@ void add_config_metadata(gguf::Writer& w, const MoeConfig& c, int n_layers) {
   w.set(keys::kSwigluLimit, gguf::make_float32(c.swiglu_limit));
 }
 
-ModelFile ModelFile::open(const std::string& path) { return from_gguf(gguf::Reader::open(path)); }
+ModelFile ModelFile::open(const std::string& path, gguf::MapMode mode) {
+  return from_gguf(gguf::Reader::open(path, mode));
+}
 
 ModelFile ModelFile::from_gguf(gguf::Reader reader) {
   ModelFile m;

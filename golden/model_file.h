@@ -85,7 +85,7 @@ struct GeneratorProvenance {
 class ModelFile {
  public:
   // Maps and validates `path`: GGUF structure, metadata keys and types, MoeConfig::validate.
-  static ModelFile open(const std::string& path);
+  static ModelFile open(const std::string& path, gguf::MapMode mode = gguf::MapMode::kReadOnly);
   // The same checks on an already parsed GGUF (tests build files in memory).
   static ModelFile from_gguf(gguf::Reader reader);
 
@@ -94,6 +94,11 @@ class ModelFile {
   int n_layers() const { return n_layers_; }
   const std::optional<GeneratorProvenance>& provenance() const { return provenance_; }
   const gguf::Reader& gguf() const { return gguf_; }
+  // The writable address of n bytes of a layer view (a copy-on-write open only; see
+  // gguf::Reader::writable).
+  uint8_t* writable(const void* p, uint64_t n) const {
+    return gguf_.writable(static_cast<const uint8_t*>(p), n);
+  }
 
   // Views of layer L's tensors; throws InputError naming the file, tensor and field for a
   // missing tensor, wrong type, wrong shape or misaligned data.

@@ -181,6 +181,26 @@ TEST_F(Cli, CheckWithoutArgumentsRunsTheEmbeddedDefault) {
   EXPECT_EQ(again.out, c.out) << "check is not deterministic";
 }
 
+TEST_F(Cli, SensitivityReportsTheSmallestCaughtPerClass) {
+  Result r = run("sensitivity --classes scale,clamp");
+  EXPECT_CODE(r, 0);
+  EXPECT_HAS(r.out, "baseline (nothing planted): bounds agree, stat agree, local agree");
+  const std::regex gate(R"(ffn_gate_exps\[[0-9]+\] +scale +0\.00[1-5] )");
+  EXPECT_TRUE(std::regex_search(r.out, gate)) << "gate scale not caught at <= 0.5%:\n" << r.out;
+  EXPECT_HAS(r.out, "NMSE<=5e-4 rule");
+  EXPECT_HAS(r.out, "result: every perturbation caught");
+  Result j = run("sensitivity --classes clamp --json");
+  EXPECT_CODE(j, 0);
+  EXPECT_HAS(j.out, "\"all_caught\":true");
+  EXPECT_HAS(j.out, "\"class\":\"clamp\"");
+  Result bad = run("sensitivity --classes scale,bogus");
+  EXPECT_CODE(bad, 2);
+  EXPECT_HAS(bad.err, "--classes: unknown perturbation class \"bogus\"");
+  Result layer = run("sensitivity --layer 7");
+  EXPECT_CODE(layer, 2);
+  EXPECT_HAS(layer.err, "--layer 7");
+}
+
 TEST_F(Cli, OneFlippedBitIsFoundAndLocated_tiny_layer1_token3_col17) {
   fs::copy_file(p("emu.h5"), p("flip.h5"), fs::copy_options::overwrite_existing);
   flip_bit(p("flip.h5"), "/layers/1/output", 3, 17, 0);

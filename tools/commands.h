@@ -19,6 +19,7 @@ void add_diff(CLI::App& app, int& rc);
 void add_check(CLI::App& app, int& rc);
 void add_golden(CLI::App& app, int& rc);
 void add_inspect(CLI::App& app, int& rc);
+void add_sensitivity(CLI::App& app, int& rc);
 
 // A fresh private directory under $TMPDIR (or /tmp), removed with everything in it on scope exit.
 class TempDir {

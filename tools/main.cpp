@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   add_check(app, rc);
   add_golden(app, rc);
   add_inspect(app, rc);
+  add_sensitivity(app, rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

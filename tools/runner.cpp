@@ -103,7 +103,8 @@ namespace {
 
 std::string router_name(RouterVariant v) { return v == RouterVariant::kPlain ? "plain" : "staged"; }
 
-// One layer forward on the chosen implementation, with every stage in `taps`.
+}  // namespace
+
 std::vector<uint16_t> forward_one(const RunSpec& spec, const LayerWeights& w,
                                   const std::vector<uint16_t>& x, int64_t T, LayerTaps* taps) {
   switch (spec.impl) {
@@ -136,6 +137,8 @@ std::vector<uint16_t> forward_one(const RunSpec& spec, const LayerWeights& w,
   impl_available(spec.impl, &why);
   throw InputError(why);
 }
+
+namespace {
 
 DumpMeta make_meta(const LoadedModel& m, const RunSpec& spec) {
   DumpMeta meta;
@@ -185,6 +188,15 @@ DumpMeta make_meta(const LoadedModel& m, const RunSpec& spec) {
 
 }  // namespace
 
+std::vector<uint16_t> seeded_layer_input(const RunSpec& spec, const LayerWeights& w, int L) {
+  std::vector<uint16_t> x =
+      generate_input(input_layer_seed(spec.input.seed, L), spec.tokens, w.config.dim);
+  if (spec.input.adversarial)
+    for (const AdversarialToken& a : adversarial_tokens(w, spec.input.seed))
+      x.insert(x.end(), a.x.begin(), a.x.end());
+  return x;
+}
+
 Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
   std::string why;
   if (!impl_available(spec.impl, &why)) throw InputError(why);
@@ -227,6 +239,7 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
   std::vector<uint16_t> carried;
   for (size_t i = 0; i < layers.size(); ++i) {
     const int L = layers[i];
+    const LayerWeights w = m.file.layer(L);
     std::vector<uint16_t> x;
     if (in) {
       auto it = std::find(in->meta.layers.begin(), in->meta.layers.end(), L);
@@ -237,12 +250,8 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
     } else if (spec.input.chain && i > 0) {
       x = carried;
     } else {
-      x = generate_input(input_layer_seed(spec.input.seed, L), spec.tokens, c.dim);
+      x = seeded_layer_input(spec, w, L);
     }
-    const LayerWeights w = m.file.layer(L);
-    if (spec.input.adversarial && !in)
-      for (const AdversarialToken& a : adversarial_tokens(w, spec.input.seed))
-        x.insert(x.end(), a.x.begin(), a.x.end());
     LayerTaps taps;
     std::vector<uint16_t> y = forward_one(spec, w, x, T, &taps);
     taps.layer = L;

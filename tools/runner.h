@@ -75,4 +75,13 @@ std::vector<int> parse_layer_list(const std::string& s);
 
 Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress);
 
+// One layer forward of spec.impl (with spec.knobs) on weights w and input x [T, dim], every stage
+// in `taps` when given; returns the bf16 output. InputError when the implementation cannot run.
+std::vector<uint16_t> forward_one(const RunSpec& spec, const LayerWeights& w,
+                                  const std::vector<uint16_t>& x, int64_t T, LayerTaps* taps);
+
+// Layer L's seeded input of `spec` (generate_input of the layer's seed, T = spec.tokens), followed
+// by its adversarial tokens when spec.input.adversarial.
+std::vector<uint16_t> seeded_layer_input(const RunSpec& spec, const LayerWeights& w, int L);
+
 }  // namespace moecheck::cli
