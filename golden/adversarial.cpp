@@ -110,12 +110,13 @@ bool eps_token(const LayerWeights& w, std::vector<uint16_t>& out) {
   const double zmax = *std::max_element(z.begin(), z.end());
   if (!(zmax < 0)) return false;
   // Scores this small are far below the bias differences, so the picks are the top-k biases:
-  // rescale so the largest *picked* logit sits at the target, then keep the token when its
-  // picked scores (f32, the shared rule) sum to more than 0 and less than 2^20 * 1e-20 (the
-  // +1e-20 is then more than 8 f32 ulps of the sum).
+  // rescale until the largest *picked* logit / gate_temp sits within 2 of the target (so the
+  // largest picked score is far from f32's subnormal exp, where its own rounding would hide the
+  // +1e-20), then keep the token when its picked scores (f32, the shared rule) sum to more than
+  // 0 and less than 2^20 * 1e-20 (the +1e-20 is then more than 8 f32 ulps of the sum).
   double scale = target * c.gate_temp / zmax;
   std::vector<uint16_t> xb;
-  for (int pass = 0; pass < 4; ++pass) {
+  for (int pass = 0; pass < 8; ++pass) {
     std::vector<double> x(v.size());
     for (size_t k = 0; k < x.size(); ++k) x[k] = scale * v[k];
     xb = to_bf16(x);
@@ -127,8 +128,9 @@ bool eps_token(const LayerWeights& w, std::vector<uint16_t>& out) {
       sum += rt.scores[static_cast<size_t>(e)];
       zpick = std::max(zpick, zb[static_cast<size_t>(e)]);
     }
-    if (sum > 0 && sum < 0x1p20 * 1e-20) break;
-    if (pass == 3 || !(zpick < 0)) return false;
+    const bool on_target = std::fabs(zpick / c.gate_temp - target) <= 2.0;
+    if (on_target && sum > 0 && sum < 0x1p20 * 1e-20) break;
+    if (pass == 7 || !(zpick < 0)) return false;
     scale *= target * c.gate_temp / zpick;
   }
   out = xb;
