@@ -77,7 +77,7 @@ double unit_float_mag(GgmlType t, const uint8_t* row, const BlockQ8_1& a, int64_
 
 MmvqLocal mmvq_local(GgmlType t, const uint8_t* row, const BlockQ8_1* a, int64_t K) {
   const int64_t units = K / kQK8_1;
-  const int64_t depth = (units + kWarpSize - 1) / kWarpSize + 5 + 2;  // D_U + 2
+  const int64_t depth = mmvq_depth(units);
   double exact = 0, M = 0;
   for (int64_t g = 0; g < units; ++g) {
     const UnitParts u = unit_parts(t, row, a[g], g);
@@ -94,7 +94,7 @@ MmvqBound mmvq_exact_bound(GgmlType t, const uint8_t* row, const BlockQ8_1* a, c
   std::vector<float> w(static_cast<size_t>(K));
   dequantize_row(t, row, w.data(), K);
   const int64_t units = K / kQK8_1;
-  const int64_t depth = (units + kWarpSize - 1) / kWarpSize + 5 + 2;  // D_U + 2
+  const int64_t depth = mmvq_depth(units);
   double exact = 0, qerr = 0, mag_wx = 0, M = 0;
   for (int64_t g = 0; g < units; ++g) {
     const double e_blk = eblk ? eblk[g] : q8_block_bound(x + g * kQK8_1);

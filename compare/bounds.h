@@ -30,6 +30,12 @@ inline double gamma_f64(int64_t n) {
 // "q8_1 step": the largest |x_i - q_i d16| over one block of 32 f32 values.
 double q8_block_bound(const float* x);
 
+// docs/numerics.md "Depth", MMVQ: the roundings on the longest path of one (row, token) over
+// `units` q8_1 blocks: a lane's chain of ceil(units / 32) steps, each an fma or (a legal split) a
+// multiply and an add, the butterfly's 5, and the unit's own float part (up to 3 with its fma
+// split). For D_M = 2 ceil(units / 32) + 8.
+inline int64_t mmvq_depth(int64_t units) { return 2 * ((units + 31) / 32) + 5 + 3; }
+
 // "MMVQ" for one (row, token): the exact value on the dequantised weights, the bound on
 // |y_emu - exact|, and sum |w_k x_k|. x: the f32 activation the q8_1 blocks `a` came from;
 // eblk: its per-block q8_1 step bounds, or nullptr to compute them.
@@ -41,7 +47,7 @@ MmvqBound mmvq_exact_bound(GgmlType t, const uint8_t* row, const BlockQ8_1* a, c
 
 // "Stage-local legs", MMVQ: the exact value of one (row, token) on the q8_1 blocks the
 // implementation used (sum over units of d8 (d A - dmin B), exact integers, f64), and the bound
-// of the contract's own rounding only: gamma_{D_U + 2} sum_g |d8| (|d A| + |dmin B|).
+// of the contract's own rounding only: gamma_{D_M} sum_g |d8| (|d A| + |dmin B|).
 struct MmvqLocal {
   double exact = 0, bound = 0;
 };

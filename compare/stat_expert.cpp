@@ -57,7 +57,7 @@ class ExpertNoise {
     const int64_t dim = c_.dim, inter = c_.inter, tok = e_.tokens[j];
     const BlockQ8_1* a = x_q8_.data() + tok * dim / kQK8_1;
     const float* xt = xf_.data() + tok * dim;
-    const int64_t depth = dense_ ? 8 * ((dim + 255) / 256) + 5 : (dim / kQK8_1 + 31) / 32 + 7;
+    const int64_t depth = dense_ ? 8 * ((dim + 255) / 256) + 5 : mmvq_depth(dim / kQK8_1);
     for (int64_t i = 0; i < inter; ++i) {
       dequantize_row(w1_.type, w1_.row(i), r1_.data(), dim);
       dequantize_row(w3_.type, w3_.row(i), r3_.data(), dim);
@@ -122,7 +122,7 @@ class ExpertNoise {
     const int64_t dim = c_.dim, inter = c_.inter;
     const float* h = e_.h.data() + j * inter;
     const BlockQ8_1* hq = dense_ ? nullptr : e_.h_q8.data() + j * inter / kQK8_1;
-    const int64_t depth = dense_ ? 8 * ((inter + 255) / 256) + 5 : (inter / kQK8_1 + 31) / 32 + 7;
+    const int64_t depth = dense_ ? 8 * ((inter + 255) / 256) + 5 : mmvq_depth(inter / kQK8_1);
     for (int64_t r = 0; r < dim; ++r) {
       dequantize_row(w2_.type, w2_.row(r), r1_.data(), inter);
       double var = 0, mag = 0;
