@@ -132,17 +132,7 @@ TEST(EmuMmvqEdge, NanAndInfScalesEqualTheReplay_Q2K_Q3K_64Rows) {
     emutest::Gen g(77 + static_cast<int>(t));
     const int64_t K = 512, rows = 60, rb = row_bytes(t, K);
     std::vector<uint8_t> w = emutest::make_rows(g, t, rows, K, 0.0);
-    for (int64_t b = 0; b < rows * (K / kQK_K); ++b) {
-      if (g.u32() % 3 != 0) continue;
-      const auto kind = g.u32() % 2 ? emutest::BlockKind::kNanScale : emutest::BlockKind::kInfScale;
-      if (t == GgmlType::kQ2K) {
-        const BlockQ2K blk = emutest::make_q2k(g, kind);
-        std::memcpy(w.data() + b * sizeof blk, &blk, sizeof blk);
-      } else {
-        const BlockQ3K blk = emutest::make_q3k(g, kind);
-        std::memcpy(w.data() + b * sizeof blk, &blk, sizeof blk);
-      }
-    }
+    emutest::sprinkle_nan_inf_scales(g, t, rows * (K / kQK_K), w);
     emutest::append_inf_rows(g, t, 4, K, w);  // rows 60..63: +Inf, -Inf, +Inf, -Inf
     std::vector<float> x = g.f32(K, 1.0);
     for (float& v : x) v = std::fabs(v) + 0.25f;  // positive activations
@@ -174,15 +164,9 @@ TEST(EmuMmvqEdge, AdversarialBlocksEachKind) {
                       emutest::BlockKind::kAllMaxSub}) {
       emutest::Gen g(100 + static_cast<int>(kind));
       std::vector<uint8_t> w(static_cast<size_t>(row_bytes(t, 1024)));
-      for (int b = 0; b < 4; ++b) {
-        if (t == GgmlType::kQ2K) {
-          const BlockQ2K blk = emutest::make_q2k(g, kind);
-          std::memcpy(w.data() + b * sizeof blk, &blk, sizeof blk);
-        } else {
-          const BlockQ3K blk = emutest::make_q3k(g, kind);
-          std::memcpy(w.data() + b * sizeof blk, &blk, sizeof blk);
-        }
-      }
+      for (int b = 0; b < 4; ++b)
+        emutest::put_block(
+            g, t, kind, w.data() + b * (t == GgmlType::kQ2K ? sizeof(BlockQ2K) : sizeof(BlockQ3K)));
       std::vector<float> x = g.f32(1024, 3.0);
       std::vector<BlockQ8_1> a(32);
       emu::quantize_q8_1(x.data(), a.data(), 1, 1024);

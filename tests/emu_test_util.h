@@ -107,6 +107,27 @@ inline BlockQ3K make_q3k(Gen& g, BlockKind kind, float dscale = 1e-3f) {
   return b;
 }
 
+// One block of `kind` written at `at` (Q2_K: 84 bytes, Q3_K: 110).
+inline void put_block(Gen& g, GgmlType t, BlockKind kind, uint8_t* at) {
+  if (t == GgmlType::kQ2K) {
+    const BlockQ2K b = make_q2k(g, kind);
+    std::memcpy(at, &b, sizeof b);
+  } else {
+    const BlockQ3K b = make_q3k(g, kind);
+    std::memcpy(at, &b, sizeof b);
+  }
+}
+
+// About a third of the first `n` blocks of w get a NaN or a +-Inf scale (kNanScale / kInfScale,
+// half each).
+inline void sprinkle_nan_inf_scales(Gen& g, GgmlType t, int64_t n, std::vector<uint8_t>& w) {
+  const size_t bb = t == GgmlType::kQ2K ? sizeof(BlockQ2K) : sizeof(BlockQ3K);
+  for (int64_t b = 0; b < n; ++b) {
+    if (g.u32() % 3 != 0) continue;
+    put_block(g, t, g.u32() % 2 ? BlockKind::kNanScale : BlockKind::kInfScale, w.data() + b * bb);
+  }
+}
+
 // Rows of K / 256 blocks as raw bytes, block kinds drawn with the given adversarial share.
 inline std::vector<uint8_t> make_rows(Gen& g, GgmlType t, int64_t rows, int64_t K,
                                       double adversarial = 0.0) {
@@ -115,13 +136,8 @@ inline std::vector<uint8_t> make_rows(Gen& g, GgmlType t, int64_t rows, int64_t 
   for (int64_t i = 0; i < nb; ++i) {
     BlockKind kind = BlockKind::kValid;
     if (g.uni() < adversarial) kind = static_cast<BlockKind>(1 + g.u32() % 3);
-    if (t == GgmlType::kQ2K) {
-      const BlockQ2K b = make_q2k(g, kind);
-      std::memcpy(out.data() + i * sizeof b, &b, sizeof b);
-    } else {
-      const BlockQ3K b = make_q3k(g, kind);
-      std::memcpy(out.data() + i * sizeof b, &b, sizeof b);
-    }
+    put_block(g, t, kind,
+              out.data() + i * (t == GgmlType::kQ2K ? sizeof(BlockQ2K) : sizeof(BlockQ3K)));
   }
   return out;
 }

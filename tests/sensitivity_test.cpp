@@ -23,9 +23,14 @@
 namespace moecheck {
 namespace {
 
-std::string temp_model(const std::string& tag) {
-  return std::string(MOECHECK_BINARY_DIR) + "/sensitivity_test-" + std::to_string(::getpid()) +
-         "-" + tag + ".gguf";
+// The tiny preset's layer 0 alone, written to a file of this test's own.
+std::string temp_tiny_model(const std::string& tag) {
+  const std::string path = std::string(MOECHECK_BINARY_DIR) + "/sensitivity_test-" +
+                           std::to_string(::getpid()) + "-" + tag + ".gguf";
+  GenOptions g = preset_options("tiny");
+  g.n_layers = 1;
+  write_model(g, path);
+  return path;
 }
 
 // A writable copy of one expert's matrix of a generated layer.
@@ -135,10 +140,7 @@ TEST(Perturb, ScaleBelowAnF16UlpChangesNothing) {
 }
 
 TEST(CopyOnWrite, WritesChangeOnlyThePrivateView) {
-  const std::string path = temp_model("cow");
-  GenOptions g = preset_options("tiny");
-  g.n_layers = 1;
-  write_model(g, path);
+  const std::string path = temp_tiny_model("cow");
   {
     const ModelFile ro = ModelFile::open(path);
     const ModelFile cow = ModelFile::open(path, gguf::MapMode::kCopyOnWrite);
@@ -160,10 +162,7 @@ TEST(CopyOnWrite, WritesChangeOnlyThePrivateView) {
 
 // The whole run on the tiny model's layer 0 with its adversarial tokens, the emulation under test.
 TEST(Sensitivity, TinyScalesCaughtAtHalfAPercentClampCaughtBaselineClean) {
-  const std::string path = temp_model("tiny");
-  GenOptions g = preset_options("tiny");
-  g.n_layers = 1;
-  write_model(g, path);
+  const std::string path = temp_tiny_model("tiny");
   {
     const ModelFile ro = ModelFile::open(path);
     const ModelFile cow = ModelFile::open(path, gguf::MapMode::kCopyOnWrite);

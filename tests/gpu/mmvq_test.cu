@@ -191,17 +191,7 @@ TEST_P(MmvqTest, NanInfWeightScalesEqualEmu_40Seeds) {
     const int64_t K = kQK_K * (1 + static_cast<int64_t>(g.u32() % 4));
     const int64_t rows = 1 + g.u32() % 24, T = 1 + g.u32() % 9, rb = row_bytes(type, K);
     std::vector<uint8_t> w = emutest::make_rows(g, type, rows, K, 0.0);
-    for (int64_t b = 0; b < rows * (K / kQK_K); ++b) {
-      if (g.u32() % 3 != 0) continue;
-      const auto kind = g.u32() % 2 ? emutest::BlockKind::kNanScale : emutest::BlockKind::kInfScale;
-      if (type == GgmlType::kQ2K) {
-        const BlockQ2K blk = emutest::make_q2k(g, kind);
-        std::memcpy(w.data() + b * sizeof blk, &blk, sizeof blk);
-      } else {
-        const BlockQ3K blk = emutest::make_q3k(g, kind);
-        std::memcpy(w.data() + b * sizeof blk, &blk, sizeof blk);
-      }
-    }
+    emutest::sprinkle_nan_inf_scales(g, type, rows * (K / kQK_K), w);
     const int64_t n_inf = 2;  // rows whose output is +-Inf for positive activations
     emutest::append_inf_rows(g, type, n_inf, K, w);
     const int64_t all_rows = rows + n_inf;
