@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "core/layer_weights.h"
+#include "core/schedule.h"
 #include "core/taps.h"
-#include "emulate/router_gemv.h"
 
 namespace moecheck {
 
