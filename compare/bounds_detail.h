@@ -21,7 +21,8 @@ double score64(ScoreFunc f, double z);
 
 // The routing scores' error model (compare/score_band.cpp; docs/numerics.md "Error bounds vs the
 // reference's Exact mode", routing). kScoreRel: the relative error of one monotone score or key
-// evaluated in f32 (the quotient by gate_temp, the score function through libm, + bias);
+// evaluated in f32 (the quotient by gate_temp, the score function of core/score_math.h, + bias;
+// a loose bound: those are within 0.5 ulp each);
 // score_abs_err: the absolute error where f32 underflows (sqrt(2^-149) after sqrt-softplus,
 // 2^-126 for sigmoid, 2^-148 for a softmax term).
 inline constexpr double kScoreRel = 0x1p-19;

@@ -1,4 +1,4 @@
-// Host routing (emulate/routing.cpp, the seeds' route_from_logits) against independent oracles:
+// Host routing (core/routing.cpp, the seeds' route_from_logits) against independent oracles:
 // picks against a stable sort of the keys, exact ties (made on purpose, across the top-k
 // boundary too) to the lower id, relabelling, the renormalised weight sum within a derived bound,
 // NaN keys as InputErrors naming layer / token / expert, the three score functions against f64
