@@ -16,6 +16,7 @@
 #include "compare/stat_noise.h"
 #include "core/error.h"
 #include "core/numfmt.h"
+#include "core/routing.h"
 #include "reference/moe.h"
 
 namespace moecheck {
@@ -69,6 +70,7 @@ class LayerCheck {
         rep_(rep),
         ck_(rep),
         stat_(stat),
+        rb_{w.bias, w.bias_vl, et.image_mask.empty() ? nullptr : et.image_mask.data()},
         T_(et.tokens),
         E_(c_.n_routed),
         K_(c_.topk),
@@ -76,9 +78,10 @@ class LayerCheck {
 
   void run() {
     const uint16_t* x = et_.input.data();
-    acc_ref_ = ref::MoE(w_, ref::Precision::kExact).forward_exact(x, T_, &rtaps_);
+    // The reference routes with the implementation's image mask (the same inputs).
+    acc_ref_ = ref::MoE(w_, ref::Precision::kExact).forward_exact(x, T_, &rtaps_, rb_.image_mask);
     z_ = ref::Gate(w_).logits_exact(x, T_);
-    rr_ = ref::route_from_logits_exact(z_.data(), T_, w_.bias, c_, w_.layer);
+    rr_ = ref::route_from_logits_exact(z_.data(), T_, rb_, c_, w_.layer);
     logits();
     routing();
     weights();
@@ -87,7 +90,8 @@ class LayerCheck {
   }
 
  private:
-  double key(int64_t t, int64_t e) const { return band_[t].s[e] + w_.bias[e]; }
+  // The exact key of expert e for token t, with the token's own bias (bias_vl in image spans).
+  double key(int64_t t, int64_t e) const { return band_[t].s[e] + rb_.of(t)[e]; }
 
   // "Router GEMV": per logit, the chain depth of the variant's schedule times sum |w x|.
   void logits() {
@@ -136,8 +140,9 @@ class LayerCheck {
   void flip(int64_t t, int32_t e, int32_t f) {
     ++rep_.flips;
     const bounds_detail::ScoreBand& b = band_[t];
-    const bool explained = bounds_detail::key_flip_explained(b.s[e], b.err[e], w_.bias[e], b.s[f],
-                                                             b.err[f], w_.bias[f]);
+    const float* bias = rb_.of(t);
+    const bool explained =
+        bounds_detail::key_flip_explained(b.s[e], b.err[e], bias[e], b.s[f], b.err[f], bias[f]);
     if (!explained) ++rep_.unexplained_flips;
     char buf[400];
     std::snprintf(buf, sizeof buf,
@@ -281,6 +286,7 @@ class LayerCheck {
   LegReport& rep_;
   Checker ck_;
   Checker* stat_;
+  const RouteBias rb_;  // the taps' tokens' selection biases (their image mask)
   const int64_t T_, E_, K_, dim_;
   std::vector<double> acc_ref_, z_, delta_;
   ref::ExactRouting rr_;

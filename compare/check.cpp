@@ -25,13 +25,13 @@ std::vector<CheckLeg> bounds_legs(const CheckInputs& in, const std::string& othe
                                   std::vector<LayerTaps>& exact) {
   const Dump& ref = in.dumps.at("ref");
   const Dump& od = in.dumps.at(other);
-  std::map<int, std::vector<float>> bias;
-  for (int L : ref.meta.layers) {
-    const LayerWeights w = in.layer(L);
-    bias[L].assign(w.bias, w.bias + w.config.n_routed);
-  }
+  std::map<int, LayerWeights> weights;  // kept: their owners keep the viewed bytes alive
+  for (int L : ref.meta.layers) weights.emplace(L, in.layer(L));
   DiffOptions o = ref_info_options();
-  o.bias = [&bias](int L) { return bias.at(L).data(); };
+  o.bias = [&weights](int L) {
+    const LayerWeights& w = weights.at(L);
+    return RouteBias{w.bias, w.bias_vl};
+  };
   CheckLeg leg, stat;
   leg.name = "ref~" + other;
   leg.report = diff_dumps(ref, od, o);
@@ -84,15 +84,21 @@ std::string fmt_e(double v) {
   return buf;
 }
 
-// The f32 keys (scores + bias) of token t in descending order with their experts.
+// The selection biases of the taps' tokens: bias, or bias_vl where the taps' image mask is set.
+RouteBias taps_bias(const LayerWeights& w, const LayerTaps& t) {
+  return RouteBias{w.bias, w.bias_vl, t.image_mask.empty() ? nullptr : t.image_mask.data()};
+}
+
+// The f32 keys (scores + the token's bias) of token t in descending order with their experts.
 std::vector<std::pair<float, int32_t>> sorted_keys(const LayerWeights& w, const LayerTaps& t,
                                                    int64_t tok) {
   const MoeConfig& c = w.config;
-  const Routing r =
-      route_from_logits(t.router_logits.data() + tok * c.n_routed, 1, w.bias, c, w.layer);
+  const RouteBias rb = taps_bias(w, t).from(tok);
+  const float* bias = rb.of(0);
+  const Routing r = route_from_logits(t.router_logits.data() + tok * c.n_routed, 1, rb, c, w.layer);
   std::vector<std::pair<float, int32_t>> k;
   for (int64_t e = 0; e < c.n_routed; ++e)
-    k.emplace_back(r.scores[e] + w.bias[e], static_cast<int32_t>(e));
+    k.emplace_back(r.scores[e] + bias[e], static_cast<int32_t>(e));
   std::stable_sort(k.begin(), k.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });
   return k;
@@ -140,8 +146,8 @@ std::vector<std::string> edge_cases(const LayerWeights& w, const LayerTaps& t, i
               std::to_string(ea) + " over " + std::to_string(eb);
     out.push_back(line);
   }
-  const Routing r =
-      route_from_logits(t.router_logits.data() + (first + 3) * c.n_routed, 1, w.bias, c, w.layer);
+  const Routing r = route_from_logits(t.router_logits.data() + (first + 3) * c.n_routed, 1,
+                                      taps_bias(w, t).from(first + 3), c, w.layer);
   double sum = 0;
   for (int64_t j = 0; j < K; ++j) sum += r.scores[r.ids[j]];
   std::string eps =
@@ -204,6 +210,11 @@ CheckResult judge_check(const CheckInputs& in) {
   r.config = main.meta.config;
   r.model_sha256 = main.meta.model_sha256;
   r.input_seed = main.meta.input_seed;
+  if (!main.layers.empty())
+    for (uint8_t v : main.layers.front().image_mask) r.image_tokens += v != 0;
+  if (has("cuda"))
+    for (const auto& [knob, value] : in.dumps.at("cuda").meta.knobs)
+      if (knob == "route") r.route = value;
   std::vector<LayerTaps> exact;
   // ref ~ emu when the emulation ran, else ref ~ cuda (whose every bit the emulation's contract
   // fixes).

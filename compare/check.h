@@ -55,6 +55,8 @@ struct CheckResult {
   std::string routing_of;                                // implementation whose routing is shown
   int64_t tokens = 0;                                    // per layer, adversarial ones included
   int64_t adversarial_tokens = 0;  // the last ones of `tokens` (golden/adversarial.h)
+  int64_t image_tokens = 0;  // tokens in image spans (routed with bias_vl), in the first layer
+  std::string route;  // the cuda run's route knob ("host" / "device"), "" when cuda did not run
   std::vector<CheckLeg> legs;
   std::vector<CheckLayer> layers;
   bool pass = true;

@@ -87,6 +87,27 @@ void LayerDiffer::token_rows(Stage s, bool bf16, const void* pa, const void* pb,
   acc.finish(false);
 }
 
+int64_t LayerDiffer::image_mask() {
+  auto bit = [](const std::vector<uint8_t>& m, int64_t t) { return m.empty() ? 0 : m[t] != 0; };
+  int64_t n = 0, first = -1;
+  for (int64_t t = 0; t < a_.tokens; ++t) {
+    if (bit(a_.image_mask, t) == bit(b_.image_mask, t)) continue;
+    if (n++ == 0) first = t;
+  }
+  if (n == 0) return 0;
+  auto in = std::find_if(st_.begin(), st_.end(),
+                         [](const StageDiff& s) { return s.stage == Stage::kInput; });
+  if (in == st_.end()) return n;
+  in->pass = false;
+  in->out_of_tol += n;
+  const std::string note = "image_mask differs on " + std::to_string(n) + " token(s), first " +
+                           std::to_string(first) + ": A " +
+                           std::to_string(bit(a_.image_mask, first)) + ", B " +
+                           std::to_string(bit(b_.image_mask, first));
+  in->note = in->note.empty() ? note : in->note + "; " + note;
+  return n;
+}
+
 void LayerDiffer::topk(const RoutingDiff& r) {
   const int64_t k = c_.topk;
   StageDiff& ids = add_stage(Stage::kTopkIds, "int32");

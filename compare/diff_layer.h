@@ -15,9 +15,10 @@
 namespace moecheck::diff_detail {
 
 // Routing of one layer compared as sets per token; agree[t] says whether token t's sets match.
-// bias: the layer's router bias for key margins (nullptr: logit margins).
+// bias: the layer's router biases for key margins, each side's own image mask choosing bias or
+// bias_vl per token (nullptr: logit margins).
 RoutingDiff diff_routing(const LayerTaps& a, const LayerTaps& b, const MoeConfig& c,
-                         const float* bias, std::vector<bool>& agree);
+                         const RouteBias* bias, std::vector<bool>& agree);
 
 // Whether one side's expert h / down are scaled by the routing weight before comparing (one side
 // ran model.py's weights-before-w2, the other weights-in-accumulate), and which.
@@ -34,6 +35,9 @@ class LayerDiffer {
   // input, router_logits (all tokens); acc, output (tokens whose routing agrees).
   void token_rows(Stage s, bool bf16, const void* pa, const void* pb, int64_t cols,
                   bool all_tokens);
+  // The image masks token by token (no mask = 0 everywhere), into the input stage (after it): a
+  // differing token fails it with a note. Returns the number of differing tokens.
+  int64_t image_mask();
   // topk_ids (the routing diff's flip count) and topk_weights matched by expert id.
   void topk(const RoutingDiff& r);
   // x_q8 of every token.

@@ -86,12 +86,15 @@ LayerDiff diff_layer(const Dump& A, const Dump& B, size_t li, const DiffOptions&
   LayerDiff ld;
   ld.layer = a.layer;
   std::vector<bool> agree;
-  ld.routing = diff_routing(a, b, c, o.bias ? o.bias(a.layer) : nullptr, agree);
+  RouteBias bias;
+  if (o.bias) bias = o.bias(a.layer);
+  ld.routing = diff_routing(a, b, c, o.bias ? &bias : nullptr, agree);
   Rescale rescale;
   rescale.a_weighted = A.meta.routing_weight_at == "h";
   rescale.active = rescale.a_weighted != (B.meta.routing_weight_at == "h");
   LayerDiffer d(a, b, c, o, agree, rescale);
   d.token_rows(Stage::kInput, true, a.input.data(), b.input.data(), c.dim, true);
+  ld.image_mask_differ = d.image_mask();
   d.token_rows(Stage::kRouterLogits, false, a.router_logits.data(), b.router_logits.data(),
                c.n_routed, true);
   d.topk(ld.routing);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/routing.h"
 #include "core/taps.h"
 #include "golden/dump.h"
 
@@ -84,6 +85,9 @@ struct RoutingDiff {
 struct LayerDiff {
   int layer = 0;
   RoutingDiff routing;
+  // Tokens whose image mask (an input: 1 = routed with bias_vl; no mask = 0) differs between A
+  // and B; nonzero fails the input stage, as differing input bits do.
+  int64_t image_mask_differ = 0;
   std::vector<StageDiff> stages;  // pipeline order
   bool pass = true;
   Stage first_failing = Stage::kInput;  // first stage in pipeline order that failed (when !pass)
@@ -118,8 +122,9 @@ struct DiffOptions {
   Tolerance tolerance;
   // Per-stage overrides, e.g. exact input bits in check's NMSE comparison.
   std::map<Stage, Tolerance> stage_tolerance;
-  // Router bias of layer L (f32 [n_routed]) for key margins; empty: logit margins.
-  std::function<const float*(int layer)> bias;
+  // Router biases of layer L for key margins: bias f32 [n_routed] and bias_vl (or nullptr), the
+  // image_mask left null (each side's own taps.image_mask picks per token); empty: logit margins.
+  std::function<RouteBias(int layer)> bias;
   // Stages left out of the verdict (still measured), e.g. x_q8 between ref and emu.
   std::vector<Stage> informational;
 };

@@ -15,6 +15,7 @@
 #include "compare/bounds_detail.h"
 #include "core/kquant.h"
 #include "core/numfmt.h"
+#include "core/routing.h"
 
 namespace moecheck {
 namespace {
@@ -99,7 +100,13 @@ double swiglu64(double g, double u, double L) {
 class LocalCheck {
  public:
   LocalCheck(const LayerWeights& w, const LayerTaps& t, RouterVariant router, LegReport& rep)
-      : w_(w), c_(w.config), t_(t), router_(router), ck_(rep), T_(t.tokens) {}
+      : w_(w),
+        c_(w.config),
+        t_(t),
+        router_(router),
+        ck_(rep),
+        rb_{w.bias, w.bias_vl, t.image_mask.empty() ? nullptr : t.image_mask.data()},
+        T_(t.tokens) {}
 
   void run() {
     xf_.resize(t_.input.size());
@@ -137,7 +144,8 @@ class LocalCheck {
       }
   }
 
-  double key(int64_t t, int64_t e) const { return band_[t].s[e] + w_.bias[e]; }
+  // The key of expert e for token t with the token's own bias (bias_vl in image spans).
+  double key(int64_t t, int64_t e) const { return band_[t].s[e] + rb_.of(t)[e]; }
 
   // "Routing": the picks are the top-k of the keys of the implementation's own logits (ties to
   // the lower id); a pair differing from it is explained only by keys within their evaluation
@@ -171,11 +179,12 @@ class LocalCheck {
     ++rep.flips;
     const int64_t E = c_.n_routed;
     const bounds_detail::ScoreBand& b = band_[t];
+    const float* bias = rb_.of(t);
     const bool same_inputs =
-        t_.router_logits[t * E + e] == t_.router_logits[t * E + f] && w_.bias[e] == w_.bias[f];
+        t_.router_logits[t * E + e] == t_.router_logits[t * E + f] && bias[e] == bias[f];
     const bool explained =
-        !same_inputs && bounds_detail::key_flip_explained(b.s[e], b.err[e], w_.bias[e], b.s[f],
-                                                          b.err[f], w_.bias[f]);
+        !same_inputs &&
+        bounds_detail::key_flip_explained(b.s[e], b.err[e], bias[e], b.s[f], b.err[f], bias[f]);
     if (!explained) ++rep.unexplained_flips;
     char buf[300];
     std::snprintf(buf, sizeof buf,
@@ -321,6 +330,7 @@ class LocalCheck {
   const LayerTaps& t_;
   RouterVariant router_;
   Checker ck_;
+  const RouteBias rb_;  // the taps' tokens' selection biases (their image mask)
   int64_t T_;
   std::vector<float> xf_;
   std::vector<bounds_detail::ScoreBand> band_;  // per token, from its own logits

@@ -69,7 +69,9 @@ class Sensitivity {
   SensitivityReport run() {
     rep_.layer = s_.truth.layer;
     rep_.tokens = s_.T;
-    ref_out_ = ref::MoE(s_.truth, ref::Precision::kModel).forward(s_.x.data(), s_.T);
+    ref_out_ = ref::MoE(s_.truth, ref::Precision::kModel)
+                   .forward(s_.x.data(), s_.T, nullptr,
+                            s_.image_mask.empty() ? nullptr : s_.image_mask.data());
     SensitivityStep base;
     judge(s_.impl, base, true, true, true);
     rep_.base_bounds = base.bounds;

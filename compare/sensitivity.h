@@ -91,6 +91,9 @@ struct SensitivitySetup {
   std::function<LayerTaps(const LayerWeights& w, const std::vector<uint16_t>& x, int64_t T)> run;
   std::vector<uint16_t> x;  // [T, dim]
   int64_t T = 0;
+  // [T] or empty: the image mask `run` routes with (bias_vl where set); the reference's output,
+  // against which the NMSE rule is measured, routes with it too (the legs read it from the taps).
+  std::vector<uint8_t> image_mask;
   RouterVariant router = RouterVariant::kStaged;  // the variant `run` uses
   int expert = -1;                                // -1: the expert the most tokens picked
   std::vector<PerturbClass> classes{std::begin(kAllPerturbClasses), std::end(kAllPerturbClasses)};

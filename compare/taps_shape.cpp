@@ -36,6 +36,8 @@ void validate_taps(const LayerWeights& w, const LayerTaps& t) {
   const auto T = static_cast<size_t>(t.tokens), dim = static_cast<size_t>(c.dim);
   const auto E = static_cast<size_t>(c.n_routed), K = static_cast<size_t>(c.topk);
   need(t.input.size() == T * dim, t, "input", T * dim, t.input.size());
+  need(t.image_mask.empty() || t.image_mask.size() == T, t, "image_mask (or none)", T,
+       t.image_mask.size());
   need(t.router_logits.size() == T * E, t, "router_logits", T * E, t.router_logits.size());
   need(t.topk_ids.size() == T * K, t, "topk_ids", T * K, t.topk_ids.size());
   need(t.topk_weights.size() == t.topk_ids.size(), t, "topk_weights", t.topk_ids.size(),

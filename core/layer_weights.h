@@ -41,6 +41,9 @@ struct LayerWeights {
   MoeConfig config;
   const uint16_t* router = nullptr;  // bf16 [n_routed, dim]  (blk.N.ffn_gate_inp.weight)
   const float* bias = nullptr;       // f32 [n_routed]         (blk.N.exp_probs_b.bias)
+  // model.py Gate.bias_vl: the selection bias of image-span tokens, f32 [n_routed]
+  // (blk.N.exp_probs_b_vl.bias; docs/gguf.md), or nullptr when the model has none.
+  const float* bias_vl = nullptr;
   ExpertStackView gate_exps;         // Q2_K [n_routed][inter, dim]  w1
   ExpertStackView up_exps;           // Q2_K [n_routed][inter, dim]  w3
   ExpertStackView down_exps;         // Q3_K [n_routed][dim, inter]  w2

@@ -74,6 +74,8 @@ struct LayerTaps {
   int layer = 0;
   int64_t tokens = 0;
   std::vector<uint16_t> input;       // bf16 [T, dim]
+  std::vector<uint8_t> image_mask;   // [T] 1 = inside an image span (routes with bias_vl); empty =
+                                     // no mask given (every token routes with bias)
   std::vector<float> router_logits;  // [T, n_routed] raw dot products (before / gate_temp)
   std::vector<int32_t> topk_ids;     // [T, topk] descending key order
   std::vector<float> topk_weights;   // [T, topk]

@@ -50,6 +50,37 @@ void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* group
                  int max_n, const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
                  void* stream);
 
+// The layer's form with the plan built on the device (route_plan): projection j's groups are
+// stored at groups + j * proj_stride (proj_stride = the plan's capacity per projection), their
+// live count G is read from the DEVICE word *count when the kernel starts, and the launch computes
+// the n_proj * G groups (gate and up: n_proj 2). Bits equal mmvq_groups on the same groups.
+void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups,
+                         const int32_t* count, int n_proj, int64_t proj_stride, int max_n,
+                         const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
+                         void* stream);
+
+// ---- route_select, route_plan (cuda/route_select.cu): the device route ----
+// The routing scalars route_select needs (core/config.h MoeConfig's routing fields).
+struct RouteParams {
+  int64_t n_routed = 0, topk = 0;
+  float gate_temp = 1.0f, route_scale = 1.0f;
+  int score_func = 0;  // static_cast<int>(ScoreFunc)
+  bool norm_topk_prob = true;
+};
+// One layer's route header (core/route_header.h, RouteHeaderLayout{T, topk}) from logits
+// [T, n_routed] f32, bias / bias_vl (nullable) [n_routed], image_mask [T] (nullable) and the
+// layer's slot-table row slots [n_routed] i32; every pointer DEVICE. Equal to emu::route_select.
+void route_select(const float* logits, int64_t T, const float* bias, const float* bias_vl,
+                  const uint8_t* image_mask, const RouteParams& rp, const int32_t* slots,
+                  int32_t* hdr, void* stream);
+// The device plan (core/route_header.h DevicePlanLayout{T, topk}) from a route header: slot
+// pointers (slot_gate / slot_up / slot_down [n_slots], indexed by the slot table's value), MMVQ
+// groups, accumulation rows and weights, counts {2G, G, U}. A header with a nonzero status gives
+// counts 0 and zero rows and weights (the forward computes nothing and the host raises).
+void route_plan(const int32_t* hdr, int64_t T, const RouteParams& rp, const int32_t* slots,
+                const uint8_t* const* slot_gate, const uint8_t* const* slot_up,
+                const uint8_t* const* slot_down, uint8_t* plan, void* stream);
+
 // ---- swiglu_q8 (cuda/swiglu_q8.cu) ----
 // g, u, h f32 [R, inter]; hq [R, inter / 32] (nullable: h only); inter a multiple of 32.
 void swiglu_q8(const float* g, const float* u, float* h, BlockQ8_1* hq, int64_t R, int64_t inter,

@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, kR == 1 ? 32 / kWarps : 24 
   const int units = static_cast<int>(p.K / kQK8_1);
   const ActLayout L(buf_bytes, mmvq_buffers(kR), units, p.max_n);
   const int rb = static_cast<int>((p.rows + kTileRows - 1) / kTileRows);  // row blocks per group
-  const int64_t tiles = static_cast<int64_t>(rb) * p.n_groups;
+  const int64_t tiles = static_cast<int64_t>(rb) * live_groups(p);
   const int64_t t_begin = tiles * blockIdx.x / gridDim.x,
                 t_end = tiles * (blockIdx.x + 1) / gridDim.x;
   const int n_tiles = static_cast<int>(t_end - t_begin);
@@ -404,6 +404,25 @@ void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* group
   }
   MmvqParams p{Form::kGroups, nullptr, slots, groups, a, false, y, rows, K, 0, 0, 0, 0};
   launch(p, t, n_groups, max_n, warps, "mmvq_groups", stream);
+}
+
+void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups,
+                         const int32_t* count, int n_proj, int64_t proj_stride, int max_n,
+                         const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
+                         void* stream) {
+  if (n_proj < 1 || proj_stride < 0)
+    throw InputError("cuda::mmvq_groups_planned: need n_proj >= 1 and proj_stride >= 0, found " +
+                     std::to_string(n_proj) + ", " + std::to_string(proj_stride));
+  if (proj_stride > 0) {
+    require_aligned(slots, 8, "mmvq_groups_planned", "slots (pointer table)");
+    require_aligned(groups, 4, "mmvq_groups_planned", "groups");
+    require_aligned(count, 4, "mmvq_groups_planned", "count");
+  }
+  MmvqParams p{Form::kGroups, nullptr, slots, groups, a, false, y, rows, K, 0, 0, 0, 0};
+  p.dev_count = count;
+  p.proj_stride = proj_stride;
+  p.n_proj = n_proj;
+  launch(p, t, n_proj * proj_stride, max_n, warps, "mmvq_groups_planned", stream);
 }
 
 }  // namespace moecheck::cuda

@@ -31,7 +31,28 @@ struct MmvqParams {
   int row_bytes;
   int max_n;  // every group has at most max_n tokens
   int64_t n_groups;
+  // kGroups planned on the device (the device route): the live group count G per projection is
+  // read from dev_count when the kernel starts, and logical group g of the launch's n_proj * G
+  // is the stored group (g / G) * proj_stride + g % G (projections at fixed strides of the
+  // plan buffer). nullptr: n_groups groups, stored contiguously.
+  const int32_t* dev_count = nullptr;
+  int64_t proj_stride = 0;
+  int n_proj = 1;
 };
+
+// The groups this launch computes (the device route's count, or n_groups).
+__device__ __forceinline__ int64_t live_groups(const MmvqParams& p) {
+  if (p.dev_count == nullptr) return p.n_groups;
+  const int64_t g = static_cast<int64_t>(__ldg(p.dev_count)) * p.n_proj;
+  return g < p.n_groups ? g : p.n_groups;
+}
+
+// The stored group of logical group `group`.
+__device__ __forceinline__ const MmvqGroup* stored_group(const MmvqParams& p, int64_t group) {
+  if (p.dev_count == nullptr) return p.groups + group;
+  const int64_t G = __ldg(p.dev_count);
+  return p.groups + (group / G) * p.proj_stride + group % G;
+}
 
 // A group's matrix base and token count, and its token rows (activation row, output row).
 // Every thread reads these itself (read-only, cached loads): no thread waits on another's
@@ -53,7 +74,7 @@ __device__ __forceinline__ GroupInfo group_info(const MmvqParams& p, int64_t gro
     return {p.w, static_cast<int>(p.T - t0 < kMaxGroupRows ? p.T - t0 : kMaxGroupRows)};
   }
   if (p.form == Form::kExperts) return {load_slot(p.table, group), 1};
-  const MmvqGroup* gr = p.groups + group;
+  const MmvqGroup* gr = stored_group(p, group);
   const int n = __ldg(&gr->n);
   if (n < 0 || n > p.max_n) __trap();  // a group larger than the launch was sized for
   return {load_slot(p.table, __ldg(&gr->slot)), n};
@@ -62,13 +83,13 @@ __device__ __forceinline__ GroupInfo group_info(const MmvqParams& p, int64_t gro
 __device__ __forceinline__ int act_row(const MmvqParams& p, int64_t group, int i) {
   if (p.form == Form::kPlain) return static_cast<int>(group * kMaxGroupRows + i);
   if (p.form == Form::kExperts) return p.a_per_expert ? static_cast<int>(group) : 0;
-  return __ldg(&p.groups[group].a_row[i]);
+  return __ldg(&stored_group(p, group)->a_row[i]);
 }
 
 __device__ __forceinline__ int out_row(const MmvqParams& p, int64_t group, int i) {
   if (p.form == Form::kPlain) return static_cast<int>(group * kMaxGroupRows + i);
   if (p.form == Form::kExperts) return static_cast<int>(group);
-  return __ldg(&p.groups[group].y_row[i]);
+  return __ldg(&stored_group(p, group)->y_row[i]);
 }
 
 // Starts the copy of [s, e) (2-byte aligned) into buf as whole 16-byte aligned chunks: byte x

@@ -1,117 +1,22 @@
 // cuda::MoeLayer: the token path of one MoE layer on the GPU (see cuda/moe_layer.h). The host
 // route: the router logits come back, route_from_logits picks the experts, build_layer_plan
 // (core/layer_plan.h, the emulation's plan too) orders the work, and one packed copy of it
-// (slot table, MMVQ groups, accumulation rows and weights) goes up. Contract: docs/numerics.md;
-// twin: emu::MoeLayer.
+// (slot pointers, MMVQ groups, accumulation rows and weights) goes up. The device route:
+// route_select writes the layer's route header and route_plan the same plan on the device
+// (cuda/route_select.cu), and the whole forward is enqueued at once; the host reads the header's
+// status after it. Both routes honour the slot table (kSlotTableLayers x n_routed, -1 = not
+// resident). Contract: docs/numerics.md; twin: emu::MoeLayer.
 #include "cuda/moe_layer.h"
 
 #include <cuda_runtime.h>
 
 #include <chrono>
 #include <cstring>
-#include <map>
-#include <tuple>
 
 #include "core/error.h"
-#include "core/layer_plan.h"
-#include "core/routing.h"
-#include "cuda/check.h"
-#include "cuda/device_buffers.cuh"
-#include "cuda/kernels.h"
+#include "cuda/moe_layer_impl.cuh"
 
 namespace moecheck::cuda {
-namespace {
-
-size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
-
-template <class T>
-void copy_back(std::vector<T>& v, const void* d, size_t n, cudaStream_t s) {
-  v.resize(n);
-  if (n > 0)
-    MOECHECK_CUDA_CHECK(cudaMemcpyAsync(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost, s));
-}
-
-// Byte offsets of the packed plan: the slot table (3U pointers), the MMVQ groups (gate, up,
-// down), the accumulation rows and weights ([T, topk] each).
-struct PlanLayout {
-  size_t slots = 0, groups = 0, rows = 0, weights = 0, bytes = 0;
-  explicit PlanLayout(const LayerPlan& p) {
-    groups = align_up(static_cast<size_t>(3 * p.n_experts()) * sizeof(void*), 16);
-    rows = align_up(groups + p.groups.size() * sizeof(MmvqGroup), 16);
-    weights = align_up(rows + static_cast<size_t>(p.pairs()) * 4, 16);
-    bytes = weights + static_cast<size_t>(p.pairs()) * 4;
-  }
-};
-
-}  // namespace
-
-struct MoeLayer::Impl {
-  LayerWeights w;
-  LayerOptions o;
-  bool dense_shared = true;
-  cudaStream_t main = nullptr, side = nullptr;
-  cudaEvent_t ev_in = nullptr, ev_out = nullptr;
-  DevBuf router, gate_exps, up_exps, down_exps, sh_gate, sh_up, sh_down;
-  // Scratch, sized for the largest T seen.
-  DevBuf x, x_q8, logits, plan, gu, h, h_q8, down, sg, su, sh, shb, sh_q8, sd, acc, y;
-  PinnedBuf h_x, h_logits, h_plan, h_y;
-  // Captured launch sequences keyed by (phase, shape...): 0 = before routing (T), 1 = shared
-  // expert (T), 2 = routed experts (P, U and max group, groups, plan bytes).
-  using GraphKey = std::tuple<int, int64_t, int64_t, int64_t, size_t>;
-  std::map<GraphKey, cudaGraphExec_t> graphs;
-
-  ~Impl() {
-    drop_graphs();
-    if (ev_in != nullptr) (void)cudaEventDestroy(ev_in);
-    if (ev_out != nullptr) (void)cudaEventDestroy(ev_out);
-    if (side != nullptr) (void)cudaStreamDestroy(side);
-    if (main != nullptr) (void)cudaStreamDestroy(main);
-  }
-
-  void drop_graphs() {
-    for (auto& kv : graphs) (void)cudaGraphExecDestroy(kv.second);
-    graphs.clear();
-  }
-
-  // fn(s) launched directly, or (use_graphs) captured once per key and replayed.
-  template <class F>
-  void launch(const GraphKey& key, cudaStream_t s, F fn) {
-    if (!o.use_graphs) {
-      fn(s);
-      return;
-    }
-    auto it = graphs.find(key);
-    if (it == graphs.end()) {
-      cudaGraph_t g = nullptr;
-      MOECHECK_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      fn(s);
-      MOECHECK_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-      cudaGraphExec_t ge = nullptr;
-      MOECHECK_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-      MOECHECK_CUDA_CHECK(cudaGraphDestroy(g));
-      it = graphs.emplace(key, ge).first;
-    }
-    MOECHECK_CUDA_CHECK(cudaGraphLaunch(it->second, s));
-  }
-
-  void upload(DevBuf& d, const void* src, size_t n) {
-    d.reserve(n);
-    MOECHECK_CUDA_CHECK(cudaMemcpy(d.p, src, n, cudaMemcpyHostToDevice));
-  }
-
-  void setup_device();
-  void upload_weights();
-  void reserve(int64_t T);
-  void reserve_plan(size_t bytes);
-  void pre_route(const uint16_t* xin, int64_t T);
-  void shared_expert(int64_t T, cudaStream_t s);
-  void pack_plan(const LayerPlan& p, const PlanLayout& L);
-  void routed(const LayerPlan& p, const PlanLayout& L);
-  void finish(const LayerPlan& p, const PlanLayout& L, int64_t T);
-  uint64_t bytes_read(const LayerPlan& p) const;
-  void fold_taps(const uint16_t* xin, int64_t T, const Routing& rt, const LayerPlan& p,
-                 LayerTaps& taps);
-};
 
 MoeLayer::MoeLayer(const LayerWeights& w, LayerOptions o) : impl_(new Impl) {
   Impl& m = *impl_;
@@ -130,8 +35,17 @@ MoeLayer::MoeLayer(const LayerWeights& w, LayerOptions o) : impl_(new Impl) {
   if (o.device < 0 || o.device >= n_dev)
     throw InputError(where + "options: device " + std::to_string(o.device) + " not in [0, " +
                      std::to_string(n_dev) + ")");
+  if (o.route == RoutePlace::kDevice && (w.layer < 0 || w.layer >= kSlotTableLayers))
+    throw InputError(where + "options: the device route covers layers [0, " +
+                     std::to_string(kSlotTableLayers) + ") of the slot table, found layer " +
+                     std::to_string(w.layer));
+  if (o.route == RoutePlace::kDevice && (w.config.n_routed > 2048 || w.config.topk > 64))
+    throw InputError(where + "options: the device route needs n_routed <= 2048 and topk <= 64, " +
+                     "found " + std::to_string(w.config.n_routed) + ", " +
+                     std::to_string(w.config.topk));
   m.setup_device();
   m.upload_weights();
+  m.upload_slots();
 }
 
 MoeLayer::~MoeLayer() = default;
@@ -156,6 +70,8 @@ void MoeLayer::Impl::setup_device() {
 void MoeLayer::Impl::upload_weights() {
   const MoeConfig& c = w.config;
   upload(router, w.router, static_cast<size_t>(c.n_routed * c.dim) * 2);
+  upload(bias, w.bias, static_cast<size_t>(c.n_routed) * 4);
+  if (w.bias_vl != nullptr) upload(bias_vl, w.bias_vl, static_cast<size_t>(c.n_routed) * 4);
   for (auto [d, s] :
        {std::pair{&gate_exps, &w.gate_exps}, {&up_exps, &w.up_exps}, {&down_exps, &w.down_exps}})
     upload(*d, s->data, static_cast<size_t>(s->expert_stride() * c.n_routed));
@@ -186,6 +102,12 @@ void MoeLayer::Impl::reserve(int64_t T) {
   need(h_x, T * dim * 2);
   need(h_logits, T * E * 4);
   need(h_y, T * dim * 2);
+  const int64_t words = header_words(T) * kSlotTableLayers;
+  need(hdr, words * 4);
+  need(h_hdr, words * 4);
+  need(dplan, static_cast<int64_t>(DevicePlanLayout(T, c.topk).bytes));
+  need(mask, T);
+  need(h_mask, T);
   if (moved) drop_graphs();
 }
 
@@ -197,17 +119,18 @@ void MoeLayer::Impl::reserve_plan(size_t bytes) {
 
 // Input up, q8_1 of x, the router and the logits down on the main stream; then the shared
 // expert forks off to the side stream and runs while the host routes.
-void MoeLayer::Impl::pre_route(const uint16_t* xin, int64_t T) {
+void MoeLayer::Impl::pre_route(const uint16_t* xin, int64_t T, bool download_logits) {
   const MoeConfig& c = w.config;
   const int64_t dim = c.dim, E = c.n_routed;
   std::memcpy(h_x.p, xin, static_cast<size_t>(T * dim * 2));
-  launch({0, T, 0, 0, 0}, main, [&](cudaStream_t s) {
+  launch({download_logits ? 0 : 3, T, 0, 0, 0}, main, [&](cudaStream_t s) {
     MOECHECK_CUDA_CHECK(cudaMemcpyAsync(x.p, h_x.p, T * dim * 2, cudaMemcpyHostToDevice, s));
     quantize_q8_1_bf16(x.as<uint16_t>(), x_q8.as<BlockQ8_1>(), T, dim, s);
     router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(), E, dim, T,
                 s);
-    MOECHECK_CUDA_CHECK(
-        cudaMemcpyAsync(h_logits.p, logits.p, T * E * 4, cudaMemcpyDeviceToHost, s));
+    if (download_logits)
+      MOECHECK_CUDA_CHECK(
+          cudaMemcpyAsync(h_logits.p, logits.p, T * E * 4, cudaMemcpyDeviceToHost, s));
   });
   if (o.shared_side_stream) {
     MOECHECK_CUDA_CHECK(cudaEventRecord(ev_in, main));
@@ -340,8 +263,21 @@ void MoeLayer::Impl::fold_taps(const uint16_t* xin, int64_t T, const Routing& rt
   taps.output.assign(h_y.as<uint16_t>(), h_y.as<uint16_t>() + T * dim);
 }
 
+// From here to the join, an error (host routing refuses the logits: a NaN key is an InputError
+// naming the token; a plan allocation fails) would leave while the shared expert may still run on
+// the side stream, reading x and writing its buffers: the fence waits for it first, so the next
+// forward starts from idle streams.
+struct SideFence {
+  cudaStream_t side;
+  bool use;
+  bool armed = true;
+  ~SideFence() {
+    if (armed && use) (void)cudaStreamSynchronize(side);
+  }
+};
+
 std::vector<uint16_t> MoeLayer::forward(const uint16_t* xin, int64_t T, LayerTaps* taps,
-                                        LayerTiming* timing) {
+                                        LayerTiming* timing, const uint8_t* image_mask) {
   Impl& m = *impl_;
   const MoeConfig& c = m.w.config;
   if (T < 0)
@@ -351,29 +287,40 @@ std::vector<uint16_t> MoeLayer::forward(const uint16_t* xin, int64_t T, LayerTap
   const auto t_start = std::chrono::steady_clock::now();
   MOECHECK_CUDA_CHECK(cudaSetDevice(m.o.device));
   m.reserve(T);
-  m.pre_route(xin, T);
-  MOECHECK_CUDA_CHECK(cudaStreamSynchronize(m.main));
-
-  // From here to the join, an error (host routing refuses the logits: a NaN key is an InputError
-  // naming the token; a plan allocation fails) would leave while the shared expert may still run
-  // on the side stream, reading x and writing its buffers: the fence waits for it first, so the
-  // next forward starts from idle streams.
-  struct SideFence {  // waits for the side stream when the forward leaves before the join
-    Impl& m;
-    bool armed = true;
-    ~SideFence() {
-      if (armed && m.o.shared_side_stream) (void)cudaStreamSynchronize(m.side);
-    }
-  } fence{m};
-  const Routing rt = route_from_logits(m.h_logits.as<float>(), T, m.w.bias, c, m.w.layer);
-  const LayerPlan plan = build_layer_plan(rt, c.n_routed);
-  const PlanLayout layout(plan);
-  m.reserve_plan(layout.bytes);
-  m.pack_plan(plan, layout);
-  const auto t_routed = std::chrono::steady_clock::now();
-
-  m.finish(plan, layout, T);
+  const bool on_device = m.o.route == RoutePlace::kDevice;
+  const bool masked = image_mask != nullptr && m.w.bias_vl != nullptr;
+  SideFence fence{m.side, m.o.shared_side_stream};
+  Routing rt;
+  LayerPlan plan;
+  std::chrono::steady_clock::time_point t_routed;
+  if (!on_device) {
+    m.pre_route(xin, T, true);
+    MOECHECK_CUDA_CHECK(cudaStreamSynchronize(m.main));
+    rt = route_from_logits(m.h_logits.as<float>(), T, RouteBias{m.w.bias, m.w.bias_vl, image_mask},
+                           c, m.w.layer);
+    m.check_resident(rt);
+    plan = build_layer_plan(rt, c.n_routed);
+    const PlanLayout layout(plan);
+    m.reserve_plan(layout.bytes);
+    m.pack_plan(plan, layout);
+    t_routed = std::chrono::steady_clock::now();
+    m.finish(plan, layout, T);
+  } else {
+    if (masked) std::memcpy(m.h_mask.p, image_mask, static_cast<size_t>(T));
+    m.pre_route(xin, T, false);
+    m.launch({4, T, masked ? 1 : 0, 0, 0}, m.main,
+             [&](cudaStream_t) { m.device_routed(T, masked); });
+    t_routed = t_start;  // the selection runs inside the enqueued forward (compute_ms)
+    m.finish_device(T);
+  }
   fence.armed = false;  // finish joined the side stream
+  if (on_device) {
+    rt = m.header_routing(T, image_mask);
+    if (taps != nullptr || timing != nullptr) plan = build_layer_plan(rt, c.n_routed);
+    if (taps != nullptr)
+      MOECHECK_CUDA_CHECK(
+          cudaMemcpy(m.h_logits.p, m.logits.p, T * c.n_routed * 4, cudaMemcpyDeviceToHost));
+  }
   std::vector<uint16_t> out(m.h_y.as<uint16_t>(), m.h_y.as<uint16_t>() + T * c.dim);
   const auto t_end = std::chrono::steady_clock::now();
   if (timing != nullptr) {
@@ -381,7 +328,11 @@ std::vector<uint16_t> MoeLayer::forward(const uint16_t* xin, int64_t T, LayerTap
     timing->compute_ms += std::chrono::duration<double, std::milli>(t_end - t_routed).count();
     timing->bytes_read += m.bytes_read(plan);
   }
-  if (taps != nullptr) m.fold_taps(xin, T, rt, plan, *taps);
+  if (taps != nullptr) {
+    m.fold_taps(xin, T, rt, plan, *taps);
+    if (image_mask != nullptr) taps->image_mask.assign(image_mask, image_mask + T);
+    else taps->image_mask.clear();
+  }
   return out;
 }
 

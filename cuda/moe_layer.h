@@ -11,15 +11,17 @@
 #include <vector>
 
 #include "core/layer_weights.h"
+#include "core/routing.h"
 #include "core/schedule.h"
 #include "core/taps.h"
 
 namespace moecheck::cuda {
 
-// Where the top-k selection runs. Only the host route exists so far (the seeds' default); device
-// routing (route_select with the slot table, the next issue) adds kDevice and fills the
-// LayerTiming fields that stay 0 today.
-enum class RoutePlace { kHost };
+// Where the top-k selection runs (core/routing.h): kHost (the seeds' default) downloads the logits
+// and routes with route_from_logits; kDevice runs route_select on the device (cuda/route_select.cu:
+// the slot table, the route header and the plan built there, no host round trip before the routed
+// experts). The picks, weights and every stage are the same bits either way.
+using RoutePlace = ::moecheck::RoutePlace;
 
 struct LayerOptions {
   RouterVariant router = RouterVariant::kStaged;
@@ -40,11 +42,19 @@ class MoeLayer {
   MoeLayer(const MoeLayer&) = delete;
   MoeLayer& operator=(const MoeLayer&) = delete;
 
-  // x bf16 [T, dim] (host) -> y bf16 [T, dim]. Any T >= 0.
+  // x bf16 [T, dim] (host) -> y bf16 [T, dim]. Any T >= 0. image_mask [T] (nullable): nonzero
+  // tokens select with bias_vl (model.py Gate.forward), when the layer has one.
   std::vector<uint16_t> forward(const uint16_t* x, int64_t T, LayerTaps* taps = nullptr,
-                                LayerTiming* timing = nullptr);
+                                LayerTiming* timing = nullptr,
+                                const uint8_t* image_mask = nullptr);
 
   const LayerOptions& options() const;
+
+  // The slot table's row of this layer: resident[e] != 0 keeps expert e in its slot, 0 marks it
+  // not resident (-1). Until the expert cache fills slots, a forward whose picks include a
+  // non-resident expert fails (InputError naming layer, token and expert; on the device route
+  // through the route header's miss flag). Default: every expert resident.
+  void set_resident(const std::vector<uint8_t>& resident);
 
  private:
   struct Impl;

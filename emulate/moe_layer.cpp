@@ -165,14 +165,16 @@ SharedOut run_shared(const RowSplitter& m, const LayerWeights& w, const uint16_t
   return s;
 }
 
-void fill_taps(LayerTaps& taps, const LayerWeights& w, const uint16_t* x, int64_t T,
-               std::vector<float>&& logits, const Routing& rt, const LayerPlan& p,
+void fill_taps(LayerTaps& taps, const LayerWeights& w, const uint16_t* x, const uint8_t* image_mask,
+               int64_t T, std::vector<float>&& logits, const Routing& rt, const LayerPlan& p,
                std::vector<BlockQ8_1>&& xq, const RoutedOut& r, SharedOut&& s,
                std::vector<float>&& acc, const std::vector<uint16_t>& y) {
   const MoeConfig& c = w.config;
   taps.layer = w.layer;
   taps.tokens = T;
   taps.input.assign(x, x + T * c.dim);
+  if (image_mask != nullptr) taps.image_mask.assign(image_mask, image_mask + T);
+  else taps.image_mask.clear();
   taps.router_logits = std::move(logits);
   taps.topk_ids = rt.ids;
   taps.topk_weights = rt.weights;
@@ -192,7 +194,7 @@ void fill_taps(LayerTaps& taps, const LayerWeights& w, const uint16_t* x, int64_
 }  // namespace
 
 std::vector<uint16_t> MoeLayer::forward(const uint16_t* x, int64_t T, LayerTaps* taps,
-                                        LayerTiming* timing) const {
+                                        LayerTiming* timing, const uint8_t* image_mask) const {
   const MoeConfig& c = w_.config;
   const int64_t dim = c.dim, E = c.n_routed;
   if (T < 0)
@@ -205,7 +207,8 @@ std::vector<uint16_t> MoeLayer::forward(const uint16_t* x, int64_t T, LayerTaps*
   impl_->rows.split_rows(E, T, logits.data(), [&](int64_t r0, int64_t r1, float* buf) {
     router_gemv(o_.router, w_.router + r0 * dim, x, buf, r1 - r0, dim, T);
   });
-  const Routing rt = route_from_logits(logits.data(), T, w_.bias, c, w_.layer);
+  const Routing rt =
+      route_from_logits(logits.data(), T, RouteBias{w_.bias, w_.bias_vl, image_mask}, c, w_.layer);
   const LayerPlan plan = build_layer_plan(rt, E);
   const double route_ms = ms_since(t0);
   const auto t1 = std::chrono::steady_clock::now();
@@ -224,7 +227,7 @@ std::vector<uint16_t> MoeLayer::forward(const uint16_t* x, int64_t T, LayerTaps*
     timing->compute_ms += ms_since(t1);
   }
   if (taps != nullptr)
-    fill_taps(*taps, w_, x, T, std::move(logits), rt, plan, std::move(xq), routed,
+    fill_taps(*taps, w_, x, image_mask, T, std::move(logits), rt, plan, std::move(xq), routed,
               std::move(shared), std::move(acc), y);
   return y;
 }

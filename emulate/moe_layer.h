@@ -31,9 +31,12 @@ class MoeLayer {
   MoeLayer& operator=(const MoeLayer&) = delete;
 
   // x bf16 [T, dim] -> y bf16 [T, dim]. Any T; tokens are grouped per expert in groups of at
-  // most kMaxGroupRows rows, and no (row, token) result depends on the grouping.
+  // most kMaxGroupRows rows, and no (row, token) result depends on the grouping. image_mask [T]
+  // (nullable): nonzero tokens select with bias_vl (model.py Gate.forward) when the layer has
+  // one; the taps record a copy of it.
   std::vector<uint16_t> forward(const uint16_t* x, int64_t T, LayerTaps* taps = nullptr,
-                                LayerTiming* timing = nullptr) const;
+                                LayerTiming* timing = nullptr,
+                                const uint8_t* image_mask = nullptr) const;
 
   const LayerWeights& weights() const { return w_; }
   const LayerOptions& options() const { return o_; }

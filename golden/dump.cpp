@@ -82,12 +82,16 @@ void put_slices(hid_t layer_group, const std::vector<SliceHash>& slices, const s
     digest.insert(digest.end(), d.begin(), d.end());
   }
   std::string names;
-  for (LayerTensor t : kLayerTensors) {
-    if (!names.empty()) names += ',';
-    names += std::to_string(tensor_code(t));
-    names += '=';
-    names += tensor_name(0, t).substr(6);  // without "blk.0."
-  }
+  auto name_codes = [&names](const auto& list) {
+    for (LayerTensor t : list) {
+      if (!names.empty()) names += ',';
+      names += std::to_string(tensor_code(t));
+      names += '=';
+      names += tensor_name(0, t).substr(6);  // without "blk.0."
+    }
+  };
+  name_codes(kLayerTensors);
+  name_codes(kOptionalLayerTensors);
   h5::write_attr(g.get(), "tensor_codes", names);
   h5::write_dataset(g.get(), "tensor", Elem::kI32, tensor.data(), {n});
   h5::write_dataset(g.get(), "expert", Elem::kI32, expert.data(), {n});
@@ -115,6 +119,14 @@ void put_layer(hid_t layers, const LayerTaps& t, const DumpMeta& m,
                     {T, c.topk});
   h5::write_dataset(g.get(), stage_dataset(Stage::kTopkWeights), Elem::kF32, t.topk_weights.data(),
                     {T, c.topk});
+  if (!t.image_mask.empty()) {  // an input of the routing: stored with or without taps
+    check_size(t.image_mask.size(), T, where + "/image_mask");
+    for (size_t i = 0; i < t.image_mask.size(); ++i)
+      if (t.image_mask[i] > 1)
+        throw InputError("dump " + where + "/image_mask: token " + std::to_string(i) +
+                         ": expected 0 or 1, found " + std::to_string(t.image_mask[i]));
+    h5::write_dataset(g.get(), "image_mask", Elem::kU8, t.image_mask.data(), {T});
+  }
   if (slices != nullptr && !slices->empty()) put_slices(g.get(), *slices, where);
   if (!m.taps) return;
   if (!t.x_q8.empty()) {
@@ -140,7 +152,9 @@ void write_file(const std::string& path, const Dump& d) {
   const DumpMeta& m = d.meta;
   h5::Handle f = h5::create_file(path);
   const hid_t r = f.get();
-  h5::write_attr(r, "format_version", kDumpFormatVersion);
+  bool any_mask = false;
+  for (const LayerTaps& t : d.layers) any_mask = any_mask || !t.image_mask.empty();
+  h5::write_attr(r, "format_version", any_mask ? kDumpFormatVersionImageMask : kDumpFormatVersion);
   h5::write_attr(r, "tool_version", m.tool_version);
   h5::write_attr(r, "git_commit", m.git_commit);
   h5::write_attr(r, "implementation", m.implementation);
@@ -218,6 +232,21 @@ void require_bf16_attr(const h5::Reader& rd, hid_t parent, const std::string& pa
     rd.fail(full, "attribute dtype: expected \"bfloat16\", found \"" + dt + "\"");
 }
 
+// /layers/<L>/image_mask: uint8 [T] of 0 / 1 (version 3 only).
+std::vector<uint8_t> get_image_mask(const h5::Reader& rd, hid_t g, const std::string& path,
+                                    const DumpMeta& m) {
+  if (m.format_version < kDumpFormatVersionImageMask)
+    rd.fail(path + "/image_mask", "an image mask needs format_version " +
+                                      std::to_string(kDumpFormatVersionImageMask) +
+                                      ", the file says " + std::to_string(m.format_version));
+  std::vector<uint8_t> mask = rd.read_dataset<uint8_t>(g, path, "image_mask", {m.tokens});
+  for (size_t i = 0; i < mask.size(); ++i)
+    if (mask[i] > 1)
+      rd.fail(path + "/image_mask",
+              "token " + std::to_string(i) + ": expected 0 or 1, found " + std::to_string(mask[i]));
+  return mask;
+}
+
 LayerTaps get_layer(const h5::Reader& rd, hid_t layers, const DumpMeta& m, int32_t L) {
   const MoeConfig& c = m.config;
   const int64_t T = m.tokens;
@@ -242,6 +271,7 @@ LayerTaps get_layer(const h5::Reader& rd, hid_t layers, const DumpMeta& m, int32
   }
   t.topk_weights =
       rd.read_dataset<float>(g.get(), path, stage_dataset(Stage::kTopkWeights), {T, c.topk});
+  if (rd.has_object(g.get(), "image_mask")) t.image_mask = get_image_mask(rd, g.get(), path, m);
   if (!m.taps) return t;
   if (rd.has_object(g.get(), stage_dataset(Stage::kXQ8))) {
     const auto raw = rd.read_dataset<uint8_t>(g.get(), path, stage_dataset(Stage::kXQ8),
@@ -309,9 +339,9 @@ DumpMeta get_meta(const h5::Reader& rd) {
   const std::string p = "/";
   DumpMeta m;
   m.format_version = rd.attr_int(r, p, "format_version");
-  if (m.format_version != 1 && m.format_version != kDumpFormatVersion)
-    rd.fail(p, "attribute format_version: this tool reads versions 1 and " +
-                   std::to_string(kDumpFormatVersion) + ", found " +
+  if (m.format_version < 1 || m.format_version > kDumpFormatVersionImageMask)
+    rd.fail(p, "attribute format_version: this tool reads versions 1 to " +
+                   std::to_string(kDumpFormatVersionImageMask) + ", found " +
                    std::to_string(m.format_version));
   m.tool_version = rd.attr_str(r, p, "tool_version");
   m.git_commit = rd.attr_str(r, p, "git_commit");

@@ -18,8 +18,12 @@
 namespace moecheck {
 
 // Version 2 records per-slice provenance (the header's and each read tensor / expert slice's
-// SHA-256); version 1 recorded the whole file's SHA-256 only. Both are read.
+// SHA-256); version 1 recorded the whole file's SHA-256 only. Version 3 is version 2 with an
+// image mask in some layer (/layers/<L>/image_mask): written only then, so that a reader that
+// would ignore the mask (and re-route those tokens with the wrong bias) refuses the file; a dump
+// without a mask stays version 2. All three are read.
 inline constexpr int64_t kDumpFormatVersion = 2;
+inline constexpr int64_t kDumpFormatVersionImageMask = 3;
 
 struct DumpMeta {
   int64_t format_version = kDumpFormatVersion;

@@ -35,6 +35,7 @@ enum StreamId : uint64_t {
   kStreamExperts = 3,
   kStreamShared = 6,
   kStreamInput = 9,
+  kStreamBiasVl = 10,
 };
 
 uint64_t proj_index(Proj p) { return static_cast<uint64_t>(p); }
@@ -193,6 +194,7 @@ GenOptions options_from_model(const ModelFile& m) {
   o.seed = p.seed;
   o.blocks = p.fast_blocks ? ExpertBlocks::kRandomValid : ExpertBlocks::kQuantized;
   o.alignment = m.gguf().alignment();
+  o.vision = m.has_tensor(0, LayerTensor::kBiasVl);
   const gguf::TensorInfo* t = m.gguf().find_tensor(tensor_name(0, LayerTensor::kGateShexp));
   o.shared = t && t->type != static_cast<uint32_t>(GgmlType::kBF16) ? SharedExpertType::kKQuant
                                                                     : SharedExpertType::kBF16;
@@ -226,20 +228,33 @@ void generate_router(const GenOptions& o, int layer, uint16_t* out) {
   }
 }
 
-void generate_bias(const GenOptions& o, int layer, float* out) {
+namespace {
+
+// A selection bias drawn from `stream`: small noise everywhere (load balancing's residue); one
+// expert in eight carries a bias comparable to the score spread (a hot or cold expert).
+void draw_bias(const GenOptions& o, int layer, uint64_t stream, float* out) {
   const MoeConfig& c = o.config;
   // The typical spread of the scores, so the bias is realistic for each score function.
   float spread = 0.3f;
   if (c.score_func == ScoreFunc::kSigmoid) spread = 0.2f;
   if (c.score_func == ScoreFunc::kSoftmax) spread = 1.0f / static_cast<float>(c.n_routed);
-  Rng rng(stream_key(o.seed, static_cast<uint64_t>(layer), kStreamBias, 0));
+  Rng rng(stream_key(o.seed, static_cast<uint64_t>(layer), stream, 0));
   for (int64_t e = 0; e < c.n_routed; ++e) {
-    // Small noise everywhere (load balancing's residue); one expert in eight carries a bias
-    // comparable to the score spread (a hot or cold expert).
     float b = 0.05f * spread * rng.normal();
     if (rng.uniform() < 0.125) b += spread * static_cast<float>(rng.uniform() - 0.5);
     out[e] = b;
   }
+}
+
+}  // namespace
+
+void generate_bias_vl(const GenOptions& o, int layer, float* out) {
+  draw_bias(o, layer, kStreamBiasVl, out);
+}
+
+void generate_bias(const GenOptions& o, int layer, float* out) {
+  const MoeConfig& c = o.config;
+  draw_bias(o, layer, kStreamBias, out);
   // An exact tie at the top-k boundary (version 2): the (topk + 1)-th largest bias becomes equal
   // to the topk-th, so a token whose logits are all equal (the zero token) has two equal keys
   // across the boundary and routing must send the tie to the lower expert id.
@@ -277,7 +292,7 @@ LayerWeights generate_layer(const GenOptions& o, int layer) {
   const MoeConfig& c = o.config;
   struct Buffers {
     std::vector<uint16_t> router;
-    std::vector<float> bias;
+    std::vector<float> bias, bias_vl;
     std::vector<uint8_t> exps[3];
     std::vector<uint8_t> shared[3];
   };
@@ -286,6 +301,10 @@ LayerWeights generate_layer(const GenOptions& o, int layer) {
   buf->bias.resize(static_cast<size_t>(c.n_routed));
   generate_router(o, layer, buf->router.data());
   generate_bias(o, layer, buf->bias.data());
+  if (o.vision) {
+    buf->bias_vl.resize(static_cast<size_t>(c.n_routed));
+    generate_bias_vl(o, layer, buf->bias_vl.data());
+  }
   const Proj projs[3] = {Proj::kGate, Proj::kUp, Proj::kDown};
   for (const Proj p : projs) {
     const int64_t eb = expert_bytes(o, p);
@@ -303,6 +322,7 @@ LayerWeights generate_layer(const GenOptions& o, int layer) {
   w.config = c;
   w.router = buf->router.data();
   w.bias = buf->bias.data();
+  w.bias_vl = o.vision ? buf->bias_vl.data() : nullptr;
   w.gate_exps = ExpertStackView{GgmlType::kQ2K, c.inter, c.dim, c.n_routed, buf->exps[0].data()};
   w.up_exps = ExpertStackView{GgmlType::kQ2K, c.inter, c.dim, c.n_routed, buf->exps[1].data()};
   w.down_exps = ExpertStackView{GgmlType::kQ3K, c.dim, c.inter, c.n_routed, buf->exps[2].data()};
@@ -342,6 +362,10 @@ std::string write_model(const GenOptions& o, const std::string& path) {
     add(L, LayerTensor::kBias, bias_bytes, [&o, L](uint64_t, uint8_t* out, uint64_t) {
       generate_bias(o, L, reinterpret_cast<float*>(out));
     });
+    if (o.vision)
+      add(L, LayerTensor::kBiasVl, bias_bytes, [&o, L](uint64_t, uint8_t* out, uint64_t) {
+        generate_bias_vl(o, L, reinterpret_cast<float*>(out));
+      });
     const LayerTensor exps[3] = {LayerTensor::kGateExps, LayerTensor::kUpExps,
                                  LayerTensor::kDownExps};
     const LayerTensor shexp[3] = {LayerTensor::kGateShexp, LayerTensor::kUpShexp,

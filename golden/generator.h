@@ -52,6 +52,9 @@ struct GenOptions {
   SharedExpertType shared = SharedExpertType::kBF16;
   ExpertBlocks blocks = ExpertBlocks::kQuantized;
   uint32_t alignment = 32;
+  // Also write each layer's bias_vl (blk.N.exp_probs_b_vl.bias, model.py Gate.bias_vl): the
+  // selection bias of image-span tokens. Off: the file holds the same bytes as without the field.
+  bool vision = false;
 
   // InputError naming the preset and field when the options cannot make a model.
   void validate() const;
@@ -65,7 +68,7 @@ GenOptions preset_options(const std::string& preset);
 // The embedded model of `moecheck check`: tiny, 2 layers, seed 1.
 GenOptions default_model_options();
 // Rebuilds the options a generated file was written with (InputError if it has no provenance
-// or another generator version).
+// or another generator version); `vision` from the presence of layer 0's bias_vl.
 GenOptions options_from_model(const ModelFile& m);
 
 // Bytes of one routed expert of a projection (gate/up Q2_K [inter, dim], down Q3_K [dim, inter]).
@@ -75,6 +78,10 @@ void generate_expert_blocks(const GenOptions& o, int layer, Proj p, int64_t expe
 // Router bf16 [n_routed, dim] and bias f32 [n_routed].
 void generate_router(const GenOptions& o, int layer, uint16_t* out);
 void generate_bias(const GenOptions& o, int layer, float* out);
+// bias_vl f32 [n_routed] (o.vision): drawn like the bias (the same spread: small noise, one expert
+// in eight hot or cold) from a stream of its own, so the hot and cold experts differ from the
+// bias's and image-span tokens pick differently; no boundary tie.
+void generate_bias_vl(const GenOptions& o, int layer, float* out);
 // The shared expert's projection in its storage type (bf16 or K-quant).
 int64_t shared_bytes(const GenOptions& o, Proj p);
 void generate_shared(const GenOptions& o, int layer, Proj p, uint8_t* out);

@@ -62,6 +62,7 @@ const char* tensor_suffix(LayerTensor t) {
     case LayerTensor::kGateShexp: return "ffn_gate_shexp.weight";
     case LayerTensor::kUpShexp: return "ffn_up_shexp.weight";
     case LayerTensor::kDownShexp: return "ffn_down_shexp.weight";
+    case LayerTensor::kBiasVl: return "exp_probs_b_vl.bias";
   }
   return "?";
 }
@@ -81,7 +82,8 @@ TensorShape expected_tensor(const MoeConfig& c, LayerTensor t, SharedExpertType 
   const int64_t shared_inter = c.inter * c.n_shared;  // llama.cpp: n_ff_exp * n_expert_shared
   switch (t) {
     case LayerTensor::kRouter: return {GgmlType::kBF16, {c.dim, c.n_routed}};
-    case LayerTensor::kBias: return {GgmlType::kF32, {c.n_routed}};
+    case LayerTensor::kBias:
+    case LayerTensor::kBiasVl: return {GgmlType::kF32, {c.n_routed}};
     case LayerTensor::kGateExps:
     case LayerTensor::kUpExps: return {GgmlType::kQ2K, {c.dim, c.inter, c.n_routed}};
     case LayerTensor::kDownExps: return {GgmlType::kQ3K, {c.inter, c.dim, c.n_routed}};
@@ -170,6 +172,10 @@ ModelFile ModelFile::from_gguf(gguf::Reader reader) {
   return m;
 }
 
+bool ModelFile::has_tensor(int L, LayerTensor t) const {
+  return gguf_.find_tensor(tensor_name(L, t)) != nullptr;
+}
+
 LayerWeights ModelFile::layer(int L) const {
   const std::string& file = gguf_.name();
   if (L < 0 || L >= n_layers_)
@@ -215,6 +221,8 @@ LayerWeights ModelFile::layer(int L) const {
   w.config = c;
   w.router = reinterpret_cast<const uint16_t*>(view(LayerTensor::kRouter));
   w.bias = reinterpret_cast<const float*>(view(LayerTensor::kBias));
+  if (has_tensor(L, LayerTensor::kBiasVl))  // optional: model.py's Gate.bias_vl
+    w.bias_vl = reinterpret_cast<const float*>(view(LayerTensor::kBiasVl));
   w.gate_exps =
       ExpertStackView{GgmlType::kQ2K, c.inter, c.dim, c.n_routed, view(LayerTensor::kGateExps)};
   w.up_exps =

@@ -54,12 +54,16 @@ enum class LayerTensor {
   kDownExps,
   kGateShexp,
   kUpShexp,
-  kDownShexp
+  kDownShexp,
+  kBiasVl,  // optional: model.py Gate.bias_vl (docs/gguf.md "Tensors")
 };
+// The tensors every layer must have.
 inline constexpr std::array<LayerTensor, 8> kLayerTensors = {
     LayerTensor::kRouter,  LayerTensor::kBias,     LayerTensor::kGateExps,
     LayerTensor::kUpExps,  LayerTensor::kDownExps, LayerTensor::kGateShexp,
     LayerTensor::kUpShexp, LayerTensor::kDownShexp};
+// The tensors a layer may have; when present they are validated like the required ones.
+inline constexpr std::array<LayerTensor, 1> kOptionalLayerTensors = {LayerTensor::kBiasVl};
 
 // "blk.<layer>.ffn_gate_exps.weight" etc.
 std::string tensor_name(int layer, LayerTensor t);
@@ -101,8 +105,11 @@ class ModelFile {
   }
 
   // Views of layer L's tensors; throws InputError naming the file, tensor and field for a
-  // missing tensor, wrong type, wrong shape or misaligned data.
+  // missing tensor, wrong type, wrong shape or misaligned data. The optional bias_vl
+  // (blk.L.exp_probs_b_vl.bias) is nullptr when absent and validated when present.
   LayerWeights layer(int L) const;
+  // Whether layer L holds the optional tensor t (by name; layer() validates it).
+  bool has_tensor(int L, LayerTensor t) const;
 
  private:
   gguf::Reader gguf_;

@@ -26,13 +26,16 @@ std::string slice_name(int layer, LayerTensor t, int32_t expert) {
 int32_t tensor_code(LayerTensor t) { return static_cast<int32_t>(t); }
 
 bool tensor_from_code(int32_t code, LayerTensor* out) {
-  for (LayerTensor t : kLayerTensors) {
-    if (tensor_code(t) == code) {
-      *out = t;
-      return true;
+  auto find = [&](const auto& list) {
+    for (LayerTensor t : list) {
+      if (tensor_code(t) == code) {
+        *out = t;
+        return true;
+      }
     }
-  }
-  return false;
+    return false;
+  };
+  return find(kLayerTensors) || find(kOptionalLayerTensors);
 }
 
 std::string SliceHasher::header() {
@@ -67,11 +70,12 @@ std::string SliceHasher::slice(int layer, LayerTensor t, int32_t expert) {
   return h;
 }
 
-std::vector<SliceHash> SliceHasher::layer_slices(int layer, const std::vector<int32_t>& experts) {
+std::vector<SliceHash> SliceHasher::layer_slices(int layer, const std::vector<int32_t>& experts,
+                                                 bool bias_vl) {
   std::vector<SliceHash> out;
-  for (LayerTensor t : {LayerTensor::kRouter, LayerTensor::kBias, LayerTensor::kGateShexp,
-                        LayerTensor::kUpShexp, LayerTensor::kDownShexp})
-    out.push_back({t, -1, slice(layer, t, -1)});
+  for (LayerTensor t : {LayerTensor::kRouter, LayerTensor::kBias, LayerTensor::kBiasVl,
+                        LayerTensor::kGateShexp, LayerTensor::kUpShexp, LayerTensor::kDownShexp})
+    if (t != LayerTensor::kBiasVl || bias_vl) out.push_back({t, -1, slice(layer, t, -1)});
   for (int32_t e : experts)
     for (LayerTensor t : {LayerTensor::kGateExps, LayerTensor::kUpExps, LayerTensor::kDownExps})
       out.push_back({t, e, slice(layer, t, e)});

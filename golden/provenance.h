@@ -29,7 +29,7 @@ struct SliceHash {
 // "blk.3.ffn_gate_exps.weight[expert 17]" or "blk.3.ffn_gate_inp.weight".
 std::string slice_name(int layer, LayerTensor t, int32_t expert);
 // The stable code of a tensor in dumps (its LayerTensor order: 0 = ffn_gate_inp ... 7 =
-// ffn_down_shexp) and back; false for an unknown code.
+// ffn_down_shexp, 8 = exp_probs_b_vl) and back; false for an unknown code.
 int32_t tensor_code(LayerTensor t);
 bool tensor_from_code(int32_t code, LayerTensor* out);
 
@@ -41,9 +41,11 @@ class SliceHasher {
   std::string header();
   // One tensor of layer L (expert < 0) or one expert's slice of a stacked tensor.
   std::string slice(int layer, LayerTensor t, int32_t expert);
-  // What a forward of layer L read: router, bias, the shared expert's three tensors, and the gate,
-  // up and down slices of each of `experts` (ascending, distinct), in that order.
-  std::vector<SliceHash> layer_slices(int layer, const std::vector<int32_t>& experts);
+  // What a forward of layer L read: router, bias, bias_vl (when `bias_vl`: the forward routed
+  // image-span tokens with it), the shared expert's three tensors, and the gate, up and down
+  // slices of each of `experts` (ascending, distinct), in that order.
+  std::vector<SliceHash> layer_slices(int layer, const std::vector<int32_t>& experts,
+                                      bool bias_vl = false);
 
  private:
   ModelFile m_;  // a copy: it shares the mapping, so the hasher outlives any one owner

@@ -34,7 +34,7 @@ std::string fmt(double v) {
 
 }  // namespace
 
-ExactRouting route_from_logits_exact(const double* logits, int64_t tokens, const float* bias,
+ExactRouting route_from_logits_exact(const double* logits, int64_t tokens, const RouteBias& rb,
                                      const MoeConfig& c, int layer) {
   const int64_t n = c.n_routed;
   const int64_t k = c.topk;
@@ -53,6 +53,7 @@ ExactRouting route_from_logits_exact(const double* logits, int64_t tokens, const
   const double temp = c.gate_temp;
   for (int64_t t = 0; t < tokens; ++t) {
     const double* z = logits + t * n;
+    const float* bias = rb.of(t);  // torch.where(image_mask, bias_vl, bias)
     double* s = r.scores.data() + t * n;
     // scores = linear(...) / self.gate_temp, then the score_func branch.
     for (int64_t e = 0; e < n; ++e) s[e] = z[e] / temp;
@@ -116,14 +117,17 @@ std::vector<double> Gate::logits_exact(const uint16_t* x_bf16, int64_t T) const 
   return z;
 }
 
-Routing Gate::forward(const uint16_t* x_bf16, int64_t T) const {
+Routing Gate::forward(const uint16_t* x_bf16, int64_t T, const uint8_t* image_mask) const {
   const std::vector<float> z = logits(x_bf16, T);
-  return route_from_logits(z.data(), T, w_.bias, w_.config, w_.layer);
+  return route_from_logits(z.data(), T, RouteBias{w_.bias, w_.bias_vl, image_mask}, w_.config,
+                           w_.layer);
 }
 
-ExactRouting Gate::forward_exact(const uint16_t* x_bf16, int64_t T) const {
+ExactRouting Gate::forward_exact(const uint16_t* x_bf16, int64_t T,
+                                 const uint8_t* image_mask) const {
   const std::vector<double> z = logits_exact(x_bf16, T);
-  return route_from_logits_exact(z.data(), T, w_.bias, w_.config, w_.layer);
+  return route_from_logits_exact(z.data(), T, RouteBias{w_.bias, w_.bias_vl, image_mask}, w_.config,
+                                 w_.layer);
 }
 
 }  // namespace moecheck::ref

@@ -77,8 +77,9 @@ Expert MoE::shared() const {
   return Expert(w_.shared_gate, w_.shared_up, w_.shared_down, w_.config.swiglu_limit);
 }
 
-std::vector<uint16_t> MoE::forward(const uint16_t* x_bf16, int64_t T, LayerTaps* taps) const {
-  return to_bf16(forward_exact(x_bf16, T, taps));
+std::vector<uint16_t> MoE::forward(const uint16_t* x_bf16, int64_t T, LayerTaps* taps,
+                                   const uint8_t* image_mask) const {
+  return to_bf16(forward_exact(x_bf16, T, taps, image_mask));
 }
 
 std::vector<uint16_t> MoE::to_bf16(const std::vector<double>& y) const {
@@ -89,7 +90,8 @@ std::vector<uint16_t> MoE::to_bf16(const std::vector<double>& y) const {
   return out;
 }
 
-std::vector<double> MoE::forward_exact(const uint16_t* x_bf16, int64_t T, LayerTaps* taps) const {
+std::vector<double> MoE::forward_exact(const uint16_t* x_bf16, int64_t T, LayerTaps* taps,
+                                       const uint8_t* image_mask) const {
   if (T < 0)
     throw InputError("layer " + std::to_string(w_.layer) + ": negative token count " +
                      std::to_string(T));
@@ -98,9 +100,10 @@ std::vector<double> MoE::forward_exact(const uint16_t* x_bf16, int64_t T, LayerT
     taps->layer = w_.layer;
     taps->tokens = T;
     taps->input.assign(x_bf16, x_bf16 + T * w_.config.dim);
+    if (image_mask != nullptr) taps->image_mask.assign(image_mask, image_mask + T);
   }
-  std::vector<double> y =
-      p_ == Precision::kModel ? forward_model(x_bf16, T, taps) : forward_f64(x_bf16, T, taps);
+  std::vector<double> y = p_ == Precision::kModel ? forward_model(x_bf16, T, taps, image_mask)
+                                                  : forward_f64(x_bf16, T, taps, image_mask);
   if (taps) {
     taps->acc.assign(y.begin(), y.end());
     taps->output = to_bf16(y);
@@ -108,15 +111,17 @@ std::vector<double> MoE::forward_exact(const uint16_t* x_bf16, int64_t T, LayerT
   return y;
 }
 
-std::vector<double> MoE::forward_model(const uint16_t* x_bf16, int64_t T, LayerTaps* taps) const {
+std::vector<double> MoE::forward_model(const uint16_t* x_bf16, int64_t T, LayerTaps* taps,
+                                       const uint8_t* image_mask) const {
   const MoeConfig& c = w_.config;
   const int64_t dim = c.dim;
   std::vector<float> x(static_cast<size_t>(T * dim));
   for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_f32(x_bf16[i]);
-  // weights, indices = self.gate(x)
+  // weights, indices = self.gate(x, image_mask): bias_vl for the image-span tokens
   const Gate gate(w_);
   const std::vector<float> logits = gate.logits(x_bf16, T);
-  const Routing r = route_from_logits(logits.data(), T, w_.bias, c, w_.layer);
+  const Routing r =
+      route_from_logits(logits.data(), T, RouteBias{w_.bias, w_.bias_vl, image_mask}, c, w_.layer);
   if (taps) {
     taps->router_logits = logits;
     taps->topk_ids = r.ids;
@@ -150,14 +155,16 @@ std::vector<double> MoE::forward_model(const uint16_t* x_bf16, int64_t T, LayerT
   return std::vector<double>(y.begin(), y.end());
 }
 
-std::vector<double> MoE::forward_f64(const uint16_t* x_bf16, int64_t T, LayerTaps* taps) const {
+std::vector<double> MoE::forward_f64(const uint16_t* x_bf16, int64_t T, LayerTaps* taps,
+                                     const uint8_t* image_mask) const {
   const MoeConfig& c = w_.config;
   const int64_t dim = c.dim;
   std::vector<double> x(static_cast<size_t>(T * dim));
   for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_f32(x_bf16[i]);
   const Gate gate(w_);
   const std::vector<double> logits = gate.logits_exact(x_bf16, T);
-  const ExactRouting r = route_from_logits_exact(logits.data(), T, w_.bias, c, w_.layer);
+  const ExactRouting r = route_from_logits_exact(
+      logits.data(), T, RouteBias{w_.bias, w_.bias_vl, image_mask}, c, w_.layer);
   if (taps) {
     taps->router_logits.assign(logits.begin(), logits.end());
     taps->topk_ids = r.ids;

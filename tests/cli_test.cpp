@@ -14,6 +14,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "golden/dump.h"
@@ -366,6 +367,81 @@ TEST_F(Cli, ProvenanceIsPerSliceAndTheWholeFileOnlyWhenAsked) {
   Result wrong = run("diff " + p("emu.h5") + " " + p("emu.h5") + " --model " + p("seed5.gguf"));
   EXPECT_CODE(wrong, 2);
   EXPECT_HAS(wrong.err, "--model is not the model of");
+}
+
+// Image spans (model.py Gate.bias_vl): `gen --vision` writes bias_vl; `check --image-tokens`
+// routes the listed tokens with it in every implementation and passes; run records the mask
+// (format 3), inspect counts it, and diff reports two dumps whose masks differ as different
+// inputs.
+TEST_F(Cli, GenVisionThenCheckAndRunWithImageTokens_tiny_L2_T8) {
+  Result g = run("gen --preset tiny --layers 2 --seed 1 --vision -o " + p("vl.gguf"));
+  ASSERT_EQ(g.code, 0) << g.cmd << "\n" << g.err;
+  EXPECT_HAS(g.out, "with bias_vl");
+  EXPECT_HAS(run("inspect " + p("vl.gguf")).out, "blk.1.exp_probs_b_vl.bias");
+  Result c = run("check --model " + p("vl.gguf") + " --image-tokens 0-3,9");
+  EXPECT_CODE(c, 0);
+  EXPECT_HAS(c.out, "image spans: 5 token(s) select their experts with bias_vl");
+  EXPECT_HAS(c.out, "result: PASS");
+  const std::string run_vl = "run --impl emu --model " + p("vl.gguf") + " --taps ";
+  ASSERT_EQ(run(run_vl + "--image-tokens 2-5 -o " + p("vl_a.h5")).code, 0);
+  ASSERT_EQ(run(run_vl + "--image-tokens 2-4 -o " + p("vl_b.h5")).code, 0);
+  Result i = run("inspect " + p("vl_a.h5"));
+  EXPECT_HAS(i.out, "moecheck dump format 3");
+  EXPECT_HAS(i.out, "image_mask     [8] uint8: 4 of 8 token(s) in image spans");
+  EXPECT_HAS(run("inspect " + p("emu.h5")).out, "image_mask     none");
+  Result d = run("diff " + p("vl_a.h5") + " " + p("vl_b.h5"));
+  EXPECT_CODE(d, 1);
+  EXPECT_HAS(d.out, "layer 0: DIFFERS (first failing stage: input)");
+  EXPECT_HAS(d.out, "image_mask differs on 1 token(s), first 5: A 1, B 0");
+  // --input takes the dump's mask with its input: the same run again, bit for bit.
+  ASSERT_EQ(run("run --impl emu --model " + p("vl.gguf") + " --input " + p("vl_a.h5") + " -o " +
+                p("vl_in.h5"))
+                .code,
+            0);
+  EXPECT_CODE(run("diff " + p("vl_a.h5") + " " + p("vl_in.h5")), 0);
+}
+
+// --image-tokens: malformed, reversed, overlapping or out-of-range pieces, and a model without
+// bias_vl (model.py would ignore the mask; the flag would change nothing), exit 2 naming the flag
+// and the piece or the tensor, leaving no output. --route: a bad value, or an implementation
+// other than cuda alone, exit 2.
+TEST_F(Cli, ImageTokensAndRouteErrorsExit2) {
+  ASSERT_EQ(run("gen --preset tiny --layers 1 --seed 2 --vision -o " + p("vl1.gguf")).code, 0);
+  const std::string emu = "run --impl emu --model " + p("vl1.gguf") + " --tokens 8 -o " +
+                          p("bad.h5") + " --image-tokens ";
+  for (const auto& [arg, piece, why] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"5-2", "\"5-2\"", "is reversed"},
+           {"1-5,4", "\"4\"", "overlaps an earlier piece at token 4"},
+           {"0,8", "\"8\"", "names token 8, outside the run's 8 token(s)"},
+           {"x1", "\"x1\"", "is not a token index or range"},
+           {"1,,2", "\"\"", "is not a token index or range"},
+           {"3-", "\"3-\"", "is not a token index or range"}}) {
+    Result r = run(emu + arg);
+    EXPECT_CODE(r, 2);
+    EXPECT_HAS(r.err, "--image-tokens \"" + arg + "\": piece " + piece + " " + why);
+    EXPECT_FALSE(fs::exists(p("bad.h5"))) << r.cmd;
+  }
+  EXPECT_CODE(run(emu + "\"\""), 2);
+  Result plain =
+      run("run --impl ref --model " + p("tiny.gguf") + " --image-tokens 1 -o " + p("bad.h5"));
+  EXPECT_CODE(plain, 2);
+  EXPECT_HAS(plain.err, "has no tensor \"blk.0.exp_probs_b_vl.bias\"");
+  EXPECT_FALSE(fs::exists(p("bad.h5")));
+  Result cp = run("check --model " + p("tiny.gguf") + " --impls emu --image-tokens 2-3");
+  EXPECT_CODE(cp, 2);
+  EXPECT_HAS(cp.err, "--image-tokens: ");
+  EXPECT_HAS(cp.err, "blk.0.exp_probs_b_vl.bias");
+  Result rv = run("run --impl emu --model " + p("tiny.gguf") + " --route host -o " + p("bad.h5"));
+  EXPECT_CODE(rv, 2);
+  EXPECT_HAS(rv.err, "--route host: only the cuda implementation has a route knob");
+  Result cv = run("check --model " + p("tiny.gguf") + " --impls ref,emu --route device");
+  EXPECT_CODE(cv, 2);
+  EXPECT_HAS(cv.err, "--route device: only the cuda implementation has a route knob");
+  Result bad = run("check --model " + p("tiny.gguf") + " --route sideways");
+  EXPECT_CODE(bad, 2);
+  EXPECT_HAS(bad.err, "--route: route must be host or device, found \"sideways\"");
+  EXPECT_FALSE(fs::exists(p("bad.h5")));
 }
 
 TEST_F(Cli, CommittedGoldenSetVerifies) {

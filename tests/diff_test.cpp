@@ -225,12 +225,47 @@ TEST(DumpDiff, RoutingFlipCountedWithMarginsAndItsTokenLeftOut_T3_E8_K2_dim256) 
   // With the router bias (zero here) margins are keys: sqrtsoftplus(1) - sqrtsoftplus(-10).
   std::vector<float> bias(static_cast<size_t>(c.n_routed), 0.0f);
   DiffOptions o;
-  o.bias = [&](int) { return bias.data(); };
+  o.bias = [&](int) { return RouteBias{bias.data()}; };
   const DiffReport k = diff_dumps(a, b, o);
   const double want = std::sqrt(std::log1p(std::exp(1.0))) - std::sqrt(std::log1p(std::exp(-10.0)));
   EXPECT_EQ(k.layers[0].routing.margin_kind, "key (score + bias)");
   EXPECT_NEAR(k.layers[0].routing.flip_list[0].margin_a, want,
               1e-6);  // f32 scores: ~2^-23 relative
+}
+
+// An image mask is an input (it chooses bias_vl for the masked tokens): two dumps whose masks
+// differ ran on different inputs, so the input stage fails naming the first differing token, as
+// differing input bits do. No mask equals an all-zero mask. With the model's biases, each side's
+// key margins use its own mask.
+TEST(DumpDiff, DifferingImageMasksFailTheInputStage_T3_E8_K2_dim256) {
+  const MoeConfig c = small_config();
+  Dump a = make_dump(c, 3, {0}, 9, false);
+  Dump b = a;
+  b.layers[0].image_mask = {0, 0, 0};
+  EXPECT_TRUE(diff_dumps(a, b, DiffOptions{}).same) << "no mask vs all-zero mask";
+  b.layers[0].image_mask = {0, 1, 1};
+  const DiffReport r = diff_dumps(a, b, DiffOptions{});
+  EXPECT_FALSE(r.same);
+  const LayerDiff& l = r.layers[0];
+  EXPECT_EQ(l.image_mask_differ, 2);
+  EXPECT_EQ(l.first_failing, Stage::kInput);
+  EXPECT_FALSE(stage(l, Stage::kInput).pass);
+  EXPECT_EQ(stage(l, Stage::kInput).note, "image_mask differs on 2 token(s), first 1: A 0, B 1");
+  EXPECT_TRUE(stage(l, Stage::kOutput).pass) << "only the mask differs";
+  // Token 0 flips to {0, 5} in B, whose mask selects a bias_vl that lifts expert 5 by 1 (the
+  // logits stay A's: 2, 1, -10 elsewhere): B's key margin is then measured with bias_vl, A's
+  // with the zero bias.
+  b.layers[0].image_mask = {1, 0, 0};
+  b.layers[0].topk_ids[1] = 5;
+  std::vector<float> bias(8, 0.0f), bias_vl(8, 0.0f);
+  bias_vl[5] = 1.0f;
+  DiffOptions o;
+  o.bias = [&](int) { return RouteBias{bias.data(), bias_vl.data()}; };
+  const RoutingFlip& f = diff_dumps(a, b, o).layers[0].routing.flip_list.at(0);
+  const double s1 = std::sqrt(std::log1p(std::exp(1.0))),
+               s10 = std::sqrt(std::log1p(std::exp(-10.0)));
+  EXPECT_NEAR(f.margin_a, s1 - s10, 1e-6);          // keys s(2), s(1) | s(-10)
+  EXPECT_NEAR(f.margin_b, s1 - (s10 + 1.0), 1e-6);  // keys s(2), s(1) | s(-10) + 1 (expert 5)
 }
 
 TEST(DumpDiff, FlipsWithinTheLogitDifferenceAreExplained_T3_E8_K2_dim256) {

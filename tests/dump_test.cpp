@@ -85,6 +85,7 @@ void expect_same_dump(const Dump& a, const Dump& b) {
     const std::string w = "layer " + std::to_string(s.layer);
     EXPECT_EQ(s.layer, t.layer);
     expect_same(s.input, t.input, w + " input");
+    expect_same(s.image_mask, t.image_mask, w + " image_mask");
     expect_same(s.output, t.output, w + " output");
     expect_same(s.router_logits, t.router_logits, w + " router_logits");
     expect_same(s.topk_ids, t.topk_ids, w + " topk_ids");
@@ -221,6 +222,66 @@ TEST_F(DumpTest, ReaderNamesMissingDatasetAttributeAndWrongType) {
   expect_read_error(p, "token 1: expert id 99 outside [0, 8)");
 }
 
+// The image mask (an input of the routing: bias_vl for image-span tokens) round-trips with or
+// without taps, only in the layers that have one; a dump with a mask is format 3, one without
+// stays format 2 (what a version-2 reader fully understands).
+TEST_F(DumpTest, ImageMaskRoundTripsAndSetsFormat3_T5_E8_K2) {
+  for (bool taps : {true, false}) {
+    Dump d = make_dump(small_config(), 5, {0, 3}, 13, taps);
+    write_dump(path("nomask.h5"), d);
+    const Dump r0 = read_dump(path("nomask.h5"));
+    EXPECT_EQ(r0.meta.format_version, kDumpFormatVersion) << "taps " << taps;
+    for (const LayerTaps& t : r0.layers) EXPECT_TRUE(t.image_mask.empty()) << "taps " << taps;
+    d.layers[0].image_mask = {0, 1, 1, 0, 1};  // layer 3: none
+    write_dump(path("mask.h5"), d);
+    const Dump r = read_dump(path("mask.h5"));
+    EXPECT_EQ(r.meta.format_version, kDumpFormatVersionImageMask) << "taps " << taps;
+    d.meta.format_version = kDumpFormatVersionImageMask;
+    expect_same_dump(d, r);
+    EXPECT_EQ(r.layers[0].image_mask, (std::vector<uint8_t>{0, 1, 1, 0, 1})) << "taps " << taps;
+    EXPECT_TRUE(r.layers[1].image_mask.empty()) << "taps " << taps;
+  }
+}
+
+// A mask of the wrong length or with a value other than 0 / 1 is refused on write (no file left)
+// and on read, naming the layer's image_mask; so is a mask in a file that claims format 2.
+TEST_F(DumpTest, BadImageMaskIsRefusedOnWriteAndRead_T3) {
+  Dump d = make_dump(small_config(), 3, {2}, 17, false);
+  d.layers[0].image_mask = {0, 1};
+  EXPECT_THROW(write_dump(path("short.h5"), d), InputError);
+  d.layers[0].image_mask = {0, 2, 1};
+  try {
+    write_dump(path("two.h5"), d);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("/layers/2/image_mask: token 1"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(fs::is_empty(dir_)) << "a file was left behind";
+  d.layers[0].image_mask = {0, 1, 1};
+  const std::string p = path("m.h5");
+  write_dump(p, d);
+  {
+    hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t ds = H5Dopen2(f, "/layers/2/image_mask", H5P_DEFAULT);
+    const uint8_t v[3] = {0, 7, 1};
+    H5Dwrite(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
+    H5Dclose(ds);
+    H5Fclose(f);
+  }
+  expect_read_error(p, "/layers/2/image_mask: token 1: expected 0 or 1, found 7");
+  write_dump(p, d);
+  {
+    hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
+    const int64_t two = 2;
+    H5Awrite(a, H5T_NATIVE_INT64, &two);
+    H5Aclose(a);
+    H5Fclose(f);
+  }
+  expect_read_error(p, "/layers/2/image_mask: an image mask needs format_version 3");
+}
+
 // The committed golden set is format version 1 (whole-file digest, no per-slice provenance):
 // still read, with no slices and the whole file's digest.
 // tests/data/dump_v1_small_emu.h5: the golden small emu dump as format 1 wrote it (commit
@@ -235,6 +296,7 @@ TEST_F(DumpTest, Version1DumpsStillRead_small_emu_fixture) {
   EXPECT_EQ(d.meta.tokens, 2);
   EXPECT_EQ(d.layers[0].input.size(), static_cast<size_t>(2 * d.meta.config.dim));
   EXPECT_FALSE(d.layers[0].experts.empty());
+  EXPECT_TRUE(d.layers[0].image_mask.empty()) << "a version 1 dump has no image mask";
 }
 
 TEST_F(DumpTest, ReaderRejectsMissingTruncatedAndForeignFiles) {

@@ -78,13 +78,14 @@ inline void expect_not_vacuous(const LegReport& r, const std::string& cfg, const
 // Runs the emulation on x [T, dim] and checks every stage against the Exact reference with the
 // accumulated bounds, the statistical leg and the stage-local leg (compare/local_leg.h), each
 // against its floor too. `cfg` names the configuration; flips_out receives the number of flipped
-// (emulation, reference) pairs.
+// (emulation, reference) pairs. image_mask [T] (nullable): the image spans, routed with bias_vl
+// by the emulation and, through the taps, by every leg.
 inline void check_against_reference(const LayerWeights& w, const std::vector<uint16_t>& x,
                                     int64_t T, const emu::LayerOptions& lo, const std::string& cfg,
-                                    int* flips_out = nullptr) {
+                                    int* flips_out = nullptr, const uint8_t* image_mask = nullptr) {
   const emu::MoeLayer layer(w, lo);
   LayerTaps et;
-  layer.forward(x.data(), T, &et);
+  layer.forward(x.data(), T, &et, nullptr, image_mask);
   LegReport stat;
   const LegReport r = check_emu_against_exact(w, et, lo.router, nullptr, &stat);
   if (flips_out) *flips_out = static_cast<int>(r.flips);

@@ -5,14 +5,17 @@
 // finite values of the intended spread, and expert outputs of order one.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
 #include <functional>
 #include <numeric>
+#include <string>
 
 #include "core/blocks.h"
 #include "core/error.h"
 #include "core/numfmt.h"
+#include "core/routing.h"
 #include "golden/generator.h"
 #include "golden/sha256.h"
 
@@ -271,6 +274,63 @@ TEST(Generator, RoutingSpreadsOverExperts) {
       EXPECT_LE(*std::max_element(picks.begin(), picks.end()), (ds ? 6 : 4) * fair) << ctx;
       EXPECT_GT(min_range, 0.1) << ctx << " (softmax range in units of 1/n_routed)";
     }
+  }
+}
+
+// `gen --vision` (GenOptions::vision) adds each layer's bias_vl and changes nothing else: without
+// it a file holds the same bytes as before the option existed (the pinned whole-file digest of
+// tiny, random-valid blocks, seed 1: written by the generator before bias_vl), and with it the
+// other tensors are unchanged. bias_vl is drawn like the bias from a stream of its own (pinned),
+// so image-span tokens pick differently: on seeded inputs some tokens' picks move.
+TEST(Generator, VisionAddsOnlyBiasVlWhichMovesPicks_tiny_small_seed1) {
+  GenOptions o = preset_options("tiny");
+  o.blocks = ExpertBlocks::kRandomValid;
+  const std::string path =
+      std::string(MOECHECK_BINARY_DIR) + "/generator_test-" + std::to_string(::getpid()) + ".gguf";
+  EXPECT_EQ(write_model(o, path),
+            "09725a3cf231391fe94756d4b40317bc26c047c0a6ce63c4a43cfa48ee5c3d3b")
+      << "tiny random-valid seed 1 without --vision: the file's bytes changed";
+  std::remove(path.c_str());
+  std::vector<float> bias_vl(static_cast<size_t>(o.config.n_routed));
+  generate_bias_vl(o, 0, bias_vl.data());
+  EXPECT_EQ(sha256_hex(bias_vl.data(), bias_vl.size() * 4),
+            "68add08232b8f6ff23d1b7954decd51284f2d695de5a8524e96de06a6d078d7a");
+  for (const char* preset : {"tiny", "small"}) {
+    GenOptions plain = preset_options(preset);
+    plain.blocks = ExpertBlocks::kRandomValid;  // the experts play no part here: fast
+    GenOptions vision = plain;
+    vision.vision = true;
+    const LayerWeights a = generate_layer(plain, 1), b = generate_layer(vision, 1);
+    const MoeConfig& c = plain.config;
+    ASSERT_EQ(a.bias_vl, nullptr) << preset;
+    ASSERT_NE(b.bias_vl, nullptr) << preset;
+    EXPECT_TRUE(std::equal(a.bias, a.bias + c.n_routed, b.bias)) << preset << " bias";
+    EXPECT_TRUE(std::equal(a.router, a.router + c.n_routed * c.dim, b.router)) << preset;
+    EXPECT_FALSE(std::equal(b.bias, b.bias + c.n_routed, b.bias_vl)) << preset;
+    const int64_t T = 64;
+    const std::vector<uint16_t> x = generate_input(5, T, c.dim);
+    std::vector<float> z(static_cast<size_t>(T * c.n_routed));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < c.n_routed; ++e) {
+        double d = 0;
+        for (int64_t k = 0; k < c.dim; ++k)
+          d += static_cast<double>(bf16_to_f32(b.router[e * c.dim + k])) *
+               bf16_to_f32(x[t * c.dim + k]);
+        z[t * c.n_routed + e] = static_cast<float>(d);
+      }
+    const Routing rb = route_from_logits(z.data(), T, b.bias, c, 1);
+    const Routing rv = route_from_logits(z.data(), T, b.bias_vl, c, 1);
+    int64_t moved = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> pb(rb.ids.begin() + t * c.topk, rb.ids.begin() + (t + 1) * c.topk),
+          pv(rv.ids.begin() + t * c.topk, rv.ids.begin() + (t + 1) * c.topk);
+      std::sort(pb.begin(), pb.end());
+      std::sort(pv.begin(), pv.end());
+      moved += pb != pv;
+    }
+    std::printf("%s layer 1: bias_vl moves the picks of %lld of %lld tokens\n", preset,
+                static_cast<long long>(moved), static_cast<long long>(T));
+    EXPECT_GE(moved, T / 8) << preset << ": bias_vl hardly changes the routing";
   }
 }
 

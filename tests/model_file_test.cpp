@@ -78,6 +78,7 @@ void check_round_trip(const GenOptions& o, const std::string& name) {
   EXPECT_EQ(back.seed, o.seed);
   EXPECT_EQ(back.shared, o.shared);
   EXPECT_EQ(back.blocks, o.blocks);
+  EXPECT_EQ(back.vision, o.vision);
   const MoeConfig& c = o.config;
   for (int L = 0; L < o.n_layers; ++L) {
     const LayerWeights f = m.layer(L);
@@ -89,6 +90,12 @@ void check_round_trip(const GenOptions& o, const std::string& name) {
                       ctx + " router");
     expect_same_bytes(reinterpret_cast<const uint8_t*>(f.bias),
                       reinterpret_cast<const uint8_t*>(g.bias), c.n_routed * 4, ctx + " bias");
+    ASSERT_EQ(f.bias_vl != nullptr, o.vision) << ctx << " bias_vl present";
+    ASSERT_EQ(g.bias_vl != nullptr, o.vision) << ctx << " generated bias_vl present";
+    if (o.vision)
+      expect_same_bytes(reinterpret_cast<const uint8_t*>(f.bias_vl),
+                        reinterpret_cast<const uint8_t*>(g.bias_vl), c.n_routed * 4,
+                        ctx + " bias_vl");
     for (auto [fs, gs, tag] :
          {std::tuple{f.gate_exps, g.gate_exps, "gate"}, std::tuple{f.up_exps, g.up_exps, "up"},
           std::tuple{f.down_exps, g.down_exps, "down"}}) {
@@ -129,6 +136,14 @@ TEST(ModelFile, RoundTrip_tiny_randomvalid_kquantshared_3layers_align64_seed4) {
   o.config.norm_topk_prob = false;
   o.config.gate_temp = 0.5f;
   check_round_trip(o, "tiny_rv_kq_seed4");
+}
+
+// `gen --vision`: each layer's bias_vl (blk.N.exp_probs_b_vl.bias) is written and read back.
+TEST(ModelFile, RoundTrip_tiny_vision_bias_vl_seed5) {
+  GenOptions o = preset_options("tiny");
+  o.seed = 5;
+  o.vision = true;
+  check_round_trip(o, "tiny_vision_seed5");
 }
 
 // ---- error cases: a small valid model (dim 256, inter 256, 4 experts, top 2) with one change ----
@@ -182,10 +197,15 @@ std::string write_variant(const Variant& v, const std::string& tag) {
     if (!meta.find(key) && value) w.set(key, *value);
   auto zero = [](uint64_t, uint8_t* out, uint64_t n) { std::fill(out, out + n, 0); };
   if (v.leading_pad > 0) w.add_tensor({"pad", 24, {v.leading_pad}, 0, zero});
-  for (const LayerTensor t : kLayerTensors) {
+  std::vector<LayerTensor> all(kLayerTensors.begin(), kLayerTensors.end());
+  all.insert(all.end(), kOptionalLayerTensors.begin(), kOptionalLayerTensors.end());
+  for (const LayerTensor t : all) {
     const std::string name = tensor_name(0, t);
+    const bool optional = std::find(kLayerTensors.begin(), kLayerTensors.end(), t) ==
+                          kLayerTensors.end();  // written only when the variant names it
     if (std::find(v.dropped_tensors.begin(), v.dropped_tensors.end(), name) !=
-        v.dropped_tensors.end())
+            v.dropped_tensors.end() ||
+        (optional && v.tensors.count(name) == 0))
       continue;
     const TensorShape s = expected_tensor(small_config(), t, SharedExpertType::kBF16);
     gguf::TensorSpec spec{name, static_cast<uint32_t>(s.type), s.ne, 0, zero};
@@ -274,6 +294,42 @@ TEST(ModelFile, TensorErrorsNameFileAndTensor) {
                      {"\"blk.0.ffn_down_shexp.weight\": type Q2_K, expected BF16 or Q3_K"});
   expect_layer_error(with_tensor("blk.0.ffn_up_shexp.weight", 30, {256, 512}), "shexp_shape",
                      {"\"blk.0.ffn_up_shexp.weight\": ne [256, 512]"});
+}
+
+// bias_vl (model.py Gate.bias_vl) is optional: absent it is nullptr; present it is validated as
+// exp_probs_b.bias is (F32, ne [n_routed]), the error naming the file and the tensor.
+TEST(ModelFile, OptionalBiasVlIsReadAndValidated_E4) {
+  const std::string name = "blk.0.exp_probs_b_vl.bias";
+  {
+    const std::string path = write_variant({}, "no_bias_vl");
+    const ModelFile m = ModelFile::open(path);
+    std::remove(path.c_str());
+    EXPECT_FALSE(m.has_tensor(0, LayerTensor::kBiasVl));
+    EXPECT_EQ(m.layer(0).bias_vl, nullptr);
+  }
+  {
+    const std::string path = write_variant(with_tensor(name, 0, {4}), "bias_vl");
+    const ModelFile m = ModelFile::open(path);
+    std::remove(path.c_str());
+    const LayerWeights w = m.layer(0);
+    ASSERT_NE(w.bias_vl, nullptr);
+    EXPECT_NE(w.bias_vl, w.bias);
+    EXPECT_EQ(reinterpret_cast<const uint8_t*>(w.bias_vl),
+              m.gguf().data(*m.gguf().find_tensor(name)));
+    for (int e = 0; e < 4; ++e) EXPECT_EQ(w.bias_vl[e], 0.0f) << "expert " << e;
+  }
+  const std::string path = write_variant(with_tensor(name, 1, {4}), "bias_vl_f16");
+  expect_error(
+      [&] {
+        const ModelFile m = ModelFile::open(path);
+        m.layer(0);
+      },
+      {path, "tensor \"blk.0.exp_probs_b_vl.bias\": type F16, expected F32"}, "bias_vl_f16");
+  std::remove(path.c_str());
+  expect_layer_error(with_tensor(name, 0, {5}), "bias_vl_5",
+                     {"\"blk.0.exp_probs_b_vl.bias\": ne [5] (ggml order), expected [4]"});
+  expect_layer_error(with_tensor(name, 0, {4, 1}), "bias_vl_2d",
+                     {"\"blk.0.exp_probs_b_vl.bias\": ne [4, 1] (ggml order), expected [4]"});
 }
 
 TEST(ModelFile, KQuantSharedExpertAccepted) {

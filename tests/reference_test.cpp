@@ -18,6 +18,8 @@
 #include "core/error.h"
 #include "core/kquant.h"
 #include "core/numfmt.h"
+#include "core/routing.h"
+#include "golden/generator.h"
 #include "reference/moe.h"
 #include "tests/reference_layer.h"
 
@@ -336,6 +338,51 @@ TEST(Reference, ExactRoutingAddsTheEpsilonOnce_T1_E4_K2_logitsNearMinus86) {
     const double s = j == 0 ? s0 : s1, want = 1.5 * s / (S + 1e-20);
     EXPECT_NEAR(x.weights[j], want, 1e-14 * want) << "pick " << j;
     EXPECT_GT(std::fabs(1.5 * s / S - want), 1e-3 * want) << "the epsilon is visible here";
+  }
+}
+
+// model.py MoE.forward(x, image_mask): the Gate selects the image-span tokens' experts with
+// bias_vl. Model mode's picks and weights are route_from_logits of its own logits with the mask,
+// Exact mode's route_from_logits_exact of its f64 logits; unmasked tokens route and compute as
+// with no mask, and the generator's bias_vl moves some masked token's picks (so the test can
+// fail). Repro: reference_test --gtest_filter='Reference.ImageMask*'.
+TEST(Reference, ImageMaskRoutesImageTokensWithBiasVl_tiny_vision_T12_seed5) {
+  GenOptions o = preset_options("tiny");
+  o.vision = true;
+  const LayerWeights w = generate_layer(o, 0);
+  const int64_t T = 12, K = w.config.topk, dim = w.config.dim;
+  const std::vector<uint16_t> x = generate_input(5, T, dim);
+  const std::vector<uint8_t> mask = {1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 1, 1};
+  const RouteBias rb{w.bias, w.bias_vl, mask.data()};
+  for (Precision p : {Precision::kModel, Precision::kExact}) {
+    const std::string cfg = p == Precision::kModel ? "model" : "exact";
+    LayerTaps tm, t0;
+    const std::vector<uint16_t> ym = MoE(w, p).forward(x.data(), T, &tm, mask.data());
+    const std::vector<uint16_t> y0 = MoE(w, p).forward(x.data(), T, &t0);
+    EXPECT_EQ(tm.image_mask, mask) << cfg;
+    EXPECT_TRUE(t0.image_mask.empty()) << cfg;
+    if (p == Precision::kModel) {
+      const Routing want = route_from_logits(tm.router_logits.data(), T, rb, w.config, 0);
+      EXPECT_EQ(tm.topk_ids, want.ids) << cfg;
+      for (size_t i = 0; i < want.weights.size(); ++i)
+        EXPECT_EQ(f32_bits(tm.topk_weights[i]), f32_bits(want.weights[i])) << cfg << " " << i;
+    } else {
+      const std::vector<double> z = ref::Gate(w).logits_exact(x.data(), T);
+      EXPECT_EQ(tm.topk_ids, ref::route_from_logits_exact(z.data(), T, rb, w.config, 0).ids);
+    }
+    int changed = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const bool same_picks =
+          std::equal(tm.topk_ids.begin() + t * K, tm.topk_ids.begin() + (t + 1) * K,
+                     t0.topk_ids.begin() + t * K);
+      const bool same_out = std::memcmp(ym.data() + t * dim, y0.data() + t * dim, 2 * dim) == 0;
+      if (mask[t] == 0) {
+        EXPECT_TRUE(same_picks && same_out) << cfg << " token " << t << " (not masked) changed";
+      } else {
+        changed += !same_picks;
+      }
+    }
+    EXPECT_GT(changed, 0) << cfg << ": bias_vl moved no masked token's picks (vacuous)";
   }
 }
 

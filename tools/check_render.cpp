@@ -127,6 +127,9 @@ void header_text(std::string& o, const CheckResult& r) {
   o += buf;
   if (r.adversarial_tokens > 0) o += " + " + std::to_string(r.adversarial_tokens) + " adversarial";
   o += " token(s) per layer, input seed " + std::to_string(r.input_seed) + "\n";
+  if (r.image_tokens > 0)
+    o += "  image spans: " + std::to_string(r.image_tokens) +
+         " token(s) select their experts with bias_vl (--image-tokens)\n";
   std::string ran;
   for (const auto& [name, variant] : r.ran) {
     if (!ran.empty()) ran += ", ";
@@ -271,9 +274,12 @@ std::string render_check_json(const CheckResult& r) {
       .kv("model_sha256", r.model_sha256)
       .kv("tokens", r.tokens)
       .kv("adversarial_tokens", r.adversarial_tokens);
-  j.kv("input_seed", r.input_seed).key("ran").begin_array();
+  j.kv("input_seed", r.input_seed).kv("image_tokens", r.image_tokens).kv("route", r.route);
+  j.key("ran").begin_array();
   for (const auto& [name, v] : r.ran) j.value(name);
-  j.end_array().key("not_run").begin_object();
+  j.end_array().key("variants").begin_object();  // each implementation's knobs on one line
+  for (const auto& [name, v] : r.ran) j.kv(name, v);
+  j.end_object().key("not_run").begin_object();
   for (const auto& [name, why] : r.not_run) j.kv(name, why);
   j.end_object().key("legs").begin_array();
   for (const CheckLeg& l : r.legs) {

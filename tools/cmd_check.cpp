@@ -29,6 +29,9 @@ struct CheckArgs {
   bool json = false;
   bool hash_file = false;
   std::string adversarial = "on";
+  std::string image_tokens;
+  std::string route = "host";
+  bool route_given = false;
 };
 
 // The implementations asked for, in the order they run.
@@ -43,11 +46,28 @@ std::vector<Impl> wanted_impls(const std::string& list) {
   return wanted;
 }
 
+// --route sets the cuda implementation's knob; refused when cuda does not run (not asked for, or
+// not available here), where it would change nothing.
+RoutePlace route_knob(const CheckArgs& a, const std::vector<Impl>& wanted) {
+  const RoutePlace r = parse_route_place(a.route, "--route");
+  if (!a.route_given) return r;
+  if (std::find(wanted.begin(), wanted.end(), Impl::kCuda) == wanted.end())
+    throw InputError("--route " + a.route + ": only the cuda implementation has a route knob, " +
+                     "and --impls " + a.impls + " does not run it");
+  std::string why;
+  if (!impl_available(Impl::kCuda, &why))
+    throw InputError("--route " + a.route + ": cuda does not run here (" + why +
+                     "), so the knob would change nothing");
+  return r;
+}
+
 // Runs every wanted implementation that can run here (with every stage tapped) into `in`; one
 // that cannot is an error when --impls named it, else it is listed as not run with the reason.
 void run_impls(const LoadedModel& m, const CheckArgs& a, bool impls_given, CheckInputs& in) {
   const std::vector<Impl> wanted = wanted_impls(a.impls);
   RunSpec spec;
+  spec.knobs.route = route_knob(a, wanted);
+  spec.input.image_tokens = a.image_tokens;
   spec.tokens = a.tokens;
   spec.input.seed = a.input_seed;
   spec.input.adversarial = a.adversarial == "on";
@@ -129,6 +149,7 @@ void add_check(CLI::App& app, int& rc) {
       "  moecheck check --model small.gguf --tokens 4 --impls ref,emu\n"
       "  moecheck check --keep out/                    # also write out/ref.h5, out/emu.h5, "
       "out/cuda.h5\n"
+      "  moecheck check --model tiny-vl.gguf --image-tokens 0-3,9  # gen --vision: bias_vl\n"
       "Legs: ref~emu within the per-stage bounds derived against the reference in Exact mode\n"
       "(docs/numerics.md; NMSE vs the --precision run shown for information); emu=cuda bit for "
       "bit.\n"
@@ -158,10 +179,22 @@ void add_check(CLI::App& app, int& rc) {
        "the --tokens seeded ones")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  s->add_option("--image-tokens", a->image_tokens,
+                "tokens inside image spans, e.g. 3-17,40-60 (indices into each layer's tokens, "
+                "adversarial ones included): every implementation routes them with bias_vl (the "
+                "model must have blk.N.exp_probs_b_vl.bias)")
+      ->check(image_tokens_validator());
+  CLI::Option* route =
+      s->add_option("--route", a->route,
+                    "cuda: where the top-k selection runs, host | device (cuda must run)")
+          ->capture_default_str();
   s->add_flag("--hash-file", a->hash_file,
               "also record the whole model file's SHA-256 in the dumps (reads the whole file)");
   s->add_flag("--json", a->json, "machine-readable output");
-  s->callback([a, impls, &rc] { rc = run_check(*a, impls->count() > 0); });
+  s->callback([a, impls, route, &rc] {
+    a->route_given = route->count() > 0;
+    rc = run_check(*a, impls->count() > 0);
+  });
 }
 
 }  // namespace moecheck::cli

@@ -1,6 +1,7 @@
 // `moecheck diff A.h5 B.h5`: stage-by-stage comparison of two dumps under one tolerance.
 // Contract: docs/cli.md "diff".
 #include <cstdio>
+#include <map>
 #include <memory>
 
 #include "compare/dump_diff.h"
@@ -72,16 +73,15 @@ int run_diff(const DiffArgs& a, const Given& g) {
   DiffOptions o;
   o.tolerance = t;
   std::unique_ptr<LoadedModel> m;
-  std::vector<std::vector<float>> bias;
+  std::map<int, LayerWeights> weights;  // views into m's mapping, which outlives the diff
   if (!a.model.empty()) {
     m = std::make_unique<LoadedModel>(load_model(a.model));
     require_model_of(*m, A);
-    bias.resize(static_cast<size_t>(m->file.n_layers()));
-    for (int L : A.meta.layers) {
-      const LayerWeights w = m->file.layer(L);
-      bias[L].assign(w.bias, w.bias + w.config.n_routed);
-    }
-    o.bias = [&bias](int L) { return bias[static_cast<size_t>(L)].data(); };
+    for (int L : A.meta.layers) weights.emplace(L, m->file.layer(L));
+    o.bias = [&weights](int L) {
+      const LayerWeights& w = weights.at(L);
+      return RouteBias{w.bias, w.bias_vl};
+    };
   }
   const DiffReport r = diff_dumps(A, B, o);
   if (a.json) {

@@ -18,6 +18,7 @@ struct GenArgs {
   std::string shared;  // bf16 | kquant; empty: preset's
   std::string blocks;  // quantized | random; empty: preset's
   uint32_t alignment = 32;
+  bool vision = false;
   bool json = false;
 };
 
@@ -30,6 +31,7 @@ int run_gen(const GenArgs& a) {
   if (a.blocks == "random") o.blocks = ExpertBlocks::kRandomValid;
   else if (a.blocks == "quantized") o.blocks = ExpertBlocks::kQuantized;
   o.alignment = a.alignment;
+  o.vision = a.vision;
   o.validate();
   const std::string sha = write_model(o, a.out);  // hashed as written: no second pass
   const MoeConfig& c = o.config;
@@ -39,7 +41,8 @@ int run_gen(const GenArgs& a) {
         .kv("file", a.out)
         .kv("preset", o.preset)
         .kv("layers", o.n_layers)
-        .kv("seed", o.seed);
+        .kv("seed", o.seed)
+        .kv("vision", o.vision);
     j.kv("dim", c.dim)
         .kv("inter", c.inter)
         .kv("n_routed", c.n_routed)
@@ -50,10 +53,11 @@ int run_gen(const GenArgs& a) {
   } else {
     std::printf(
         "wrote %s: preset %s, %d layer(s), seed %llu (dim %lld, inter %lld, %lld experts, top "
-        "%lld), sha256 %s\n",
+        "%lld)%s, sha256 %s\n",
         a.out.c_str(), o.preset.c_str(), o.n_layers, static_cast<unsigned long long>(o.seed),
         static_cast<long long>(c.dim), static_cast<long long>(c.inter),
-        static_cast<long long>(c.n_routed), static_cast<long long>(c.topk), sha.c_str());
+        static_cast<long long>(c.n_routed), static_cast<long long>(c.topk),
+        o.vision ? ", with bias_vl" : "", sha.c_str());
   }
   return kExitSame;
 }
@@ -64,7 +68,8 @@ void add_gen(CLI::App& app, int& rc) {
   auto a = std::make_shared<GenArgs>();
   CLI::App* s = app.add_subcommand("gen", "Write a seeded synthetic model (GGUF v3)");
   s->footer(
-      "Example:\n  moecheck gen --preset tiny --layers 2 --seed 1 -o tiny.gguf\n"
+      "Examples:\n  moecheck gen --preset tiny --layers 2 --seed 1 -o tiny.gguf\n"
+      "  moecheck gen --preset tiny --vision -o tiny-vl.gguf   # also bias_vl (--image-tokens)\n"
       "Exit codes: 0 written, 2 error (nothing is left at -o on error).");
   s->add_option("--preset", a->preset, "tiny | small | ds41")
       ->check(CLI::IsMember({"tiny", "small", "ds41"}))
@@ -81,6 +86,10 @@ void add_gen(CLI::App& app, int& rc) {
       ->check(CLI::IsMember({"quantized", "random"}));
   s->add_option("--alignment", a->alignment, "general.alignment (power of two)")
       ->capture_default_str();
+  s->add_flag(
+      "--vision", a->vision,
+      "also write each layer's bias_vl (blk.N.exp_probs_b_vl.bias: model.py's Gate.bias_vl, "
+      "the selection bias of image-span tokens; see run/check --image-tokens)");
   s->add_flag("--json", a->json, "machine-readable output");
   s->callback([a, &rc] { rc = run_gen(*a); });
 }

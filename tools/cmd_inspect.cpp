@@ -152,11 +152,21 @@ void dump_header(const std::string& file, const DumpMeta& m, Json* j) {
   config_lines(m.config, nullptr);
 }
 
+// The image mask of a layer: how many tokens route with bias_vl, or that there is none.
+std::string image_mask_text(const std::vector<uint8_t>& mask) {
+  if (mask.empty()) return "none (every token routes with bias)";
+  int64_t n = 0;
+  for (uint8_t v : mask) n += v != 0;
+  return shape({static_cast<int64_t>(mask.size())}) + " uint8: " + std::to_string(n) + " of " +
+         std::to_string(mask.size()) + " token(s) in image spans (routed with bias_vl)";
+}
+
 // The datasets of one layer group with their shapes.
 std::vector<std::pair<std::string, std::string>> layer_datasets(const MoeConfig& c, int64_t T,
                                                                 const LayerTaps& t) {
   std::vector<std::pair<std::string, std::string>> st = {
       {"input", shape({T, c.dim}) + " bfloat16"},
+      {"image_mask", image_mask_text(t.image_mask)},
       {"router_logits", shape({T, c.n_routed}) + " float32"},
       {"topk_ids", shape({T, c.topk}) + " int32"},
       {"topk_weights", shape({T, c.topk}) + " float32"}};
@@ -179,7 +189,10 @@ void dump_layer(const MoeConfig& c, int64_t T, const LayerTaps& t,
                 const std::vector<SliceHash>& slices, Json* j) {
   const auto st = layer_datasets(c, T, t);
   if (j != nullptr) {
-    j->begin_object().kv("layer", t.layer).key("datasets").begin_object();
+    int64_t masked = 0;
+    for (uint8_t v : t.image_mask) masked += v != 0;
+    j->begin_object().kv("layer", t.layer).kv("image_mask", !t.image_mask.empty());
+    j->kv("image_mask_tokens", masked).key("datasets").begin_object();
     for (const auto& [k, v] : st) j->kv(k, v);
     j->end_object().key("tensors_read").begin_array();
     for (const SliceHash& h : slices)

@@ -32,9 +32,18 @@ struct RunArgs {
   bool json = false;
   bool hash_file = false;
   bool adversarial = false;
+  std::string image_tokens;
+  std::string route = "host";
 };
 
-int run_run(const RunArgs& a, bool input_seed_given) {
+// The tokens a layer's image mask sets.
+int64_t image_token_count(const LayerTaps& t) {
+  int64_t n = 0;
+  for (uint8_t v : t.image_mask) n += v != 0;
+  return n;
+}
+
+int run_run(const RunArgs& a, bool input_seed_given, bool route_given) {
   if (!a.input.empty() && (input_seed_given || a.chain))
     throw InputError(
         "--input takes each layer's input from the dump; it cannot be combined with --input-seed "
@@ -45,12 +54,17 @@ int run_run(const RunArgs& a, bool input_seed_given) {
   spec.knobs.router = a.router == "plain" ? RouterVariant::kPlain : RouterVariant::kStaged;
   spec.knobs.expert_warps = a.warps;
   spec.knobs.shared_side_stream = a.shared_side == "on";
+  spec.knobs.route = parse_route_place(a.route, "--route");
+  if (route_given && spec.impl != Impl::kCuda)
+    throw InputError("--route " + a.route + ": only the cuda implementation has a route knob (" +
+                     "where its top-k selection runs); --impl " + a.impl + " would ignore it");
   if (!a.layers.empty()) spec.layers = parse_layer_list(a.layers);
   spec.tokens = a.tokens;
   spec.input.seed = a.input_seed;
   spec.input.dump_path = a.input;
   spec.input.chain = a.chain;
   spec.input.adversarial = a.adversarial;
+  spec.input.image_tokens = a.image_tokens;
   spec.taps = a.taps;
   const LoadedModel m = load_model(a.model, a.hash_file);
   Dump d;
@@ -69,7 +83,11 @@ int run_run(const RunArgs& a, bool input_seed_given) {
         .kv("variant", d.meta.variant);
     j.kv("tokens", d.meta.tokens).kv("taps", d.meta.taps).key("layers").begin_array();
     for (const LayerTaps& t : d.layers)
-      j.begin_object().kv("layer", t.layer).kv("output_l2", output_l2(t.output)).end_object();
+      j.begin_object()
+          .kv("layer", t.layer)
+          .kv("image_tokens", image_token_count(t))
+          .kv("output_l2", output_l2(t.output))
+          .end_object();
     j.end_array().end_object();
     std::printf("%s\n", j.str().c_str());
   } else {
@@ -77,8 +95,14 @@ int run_run(const RunArgs& a, bool input_seed_given) {
                 d.meta.implementation.c_str(), d.meta.variant.c_str(), d.layers.size(),
                 static_cast<long long>(d.meta.tokens), d.meta.taps ? ", all stages" : "",
                 d.meta.model_file.c_str());
-    for (const LayerTaps& t : d.layers)
-      std::printf("  layer %d: output L2 %.6g\n", t.layer, output_l2(t.output));
+    for (const LayerTaps& t : d.layers) {
+      const int64_t n = image_token_count(t);
+      std::printf(
+          "  layer %d: output L2 %.6g%s\n", t.layer, output_l2(t.output),
+          t.image_mask.empty()
+              ? ""
+              : (", " + std::to_string(n) + " image-span token(s) routed with bias_vl").c_str());
+    }
   }
   return kExitSame;
 }
@@ -94,6 +118,7 @@ void add_run(CLI::App& app, int& rc) {
       "  moecheck run --impl emu --model tiny.gguf --tokens 8 --taps -o emu.h5\n"
       "  moecheck run --impl ref --precision exact --model tiny.gguf --layers 0,2-5 -o ref.h5\n"
       "  moecheck run --impl cuda --model tiny.gguf --input emu.h5 --warps 4 -o cuda.h5\n"
+      "  moecheck run --impl emu --model vl.gguf --image-tokens 2-5 -o vl.h5  # gen --vision\n"
       "Inputs: each layer gets its own seeded bf16 input (~N(0,1)) unless --chain (layer L+1 "
       "takes\n"
       "layer L's output) or --input (each layer takes the dump's input of the same layer).\n"
@@ -129,12 +154,21 @@ void add_run(CLI::App& app, int& rc) {
   s->add_option("--shared-side", a->shared_side, "cuda: shared expert on a side stream on | off")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  CLI::Option* route =
+      s->add_option("--route", a->route,
+                    "cuda: where the top-k selection runs, host | device (no bit depends on it)")
+          ->capture_default_str();
+  s->add_option("--image-tokens", a->image_tokens,
+                "tokens inside image spans, e.g. 3-17,40-60 (indices into each layer's tokens, "
+                "adversarial ones included): they select experts with bias_vl (model.py "
+                "Gate.bias_vl; the model must have blk.N.exp_probs_b_vl.bias)")
+      ->check(image_tokens_validator());
   s->add_flag("--hash-file", a->hash_file,
               "also record the whole model file's SHA-256 (reads the whole file; the tensors and "
               "expert slices the "
               "run read are always recorded)");
   s->add_flag("--json", a->json, "machine-readable output");
-  s->callback([a, seed, &rc] { rc = run_run(*a, seed->count() > 0); });
+  s->callback([a, seed, route, &rc] { rc = run_run(*a, seed->count() > 0, route->count() > 0); });
 }
 
 }  // namespace moecheck::cli

@@ -28,6 +28,7 @@ struct SensitivityArgs {
   std::string router = "staged";
   int expert = -1;
   std::string classes;
+  std::string image_tokens;
   bool json = false;
 };
 
@@ -194,16 +195,21 @@ int run_sensitivity_cmd(const SensitivityArgs& a) {
   s.truth = truth.layer(a.layer);
   s.impl = cow.layer(a.layer);
   s.writable = [&cow](const void* p, size_t n) { return cow.writable(p, n); };
-  s.run = [&spec](const LayerWeights& w, const std::vector<uint16_t>& x, int64_t T) {
+  s.x = seeded_layer_input(spec, s.truth, a.layer);
+  s.T = static_cast<int64_t>(s.x.size()) / s.truth.config.dim;
+  if (!a.image_tokens.empty()) {
+    s.image_mask = parse_image_tokens(a.image_tokens, s.T);
+    require_bias_vl(s.truth, path, "--image-tokens");
+  }
+  s.run = [&spec, &s](const LayerWeights& w, const std::vector<uint16_t>& x, int64_t T) {
     LayerTaps t;
-    t.output = forward_one(spec, w, x, T, &t);
+    t.output = forward_one(spec, w, x, T, &t, s.image_mask.empty() ? nullptr : s.image_mask.data());
     t.layer = w.layer;
     t.tokens = T;
     t.input = x;
+    t.image_mask = s.image_mask;
     return t;
   };
-  s.x = seeded_layer_input(spec, s.truth, a.layer);
-  s.T = static_cast<int64_t>(s.x.size()) / s.truth.config.dim;
   s.router = spec.knobs.router;
   s.expert = a.expert;
   s.classes = parse_classes(a.classes);
@@ -250,6 +256,11 @@ void add_sensitivity(CLI::App& app, int& rc) {
                 "routed expert to perturb (default: the one most tokens pick)");
   s->add_option("--classes", a->classes,
                 "scale,swap,offset,quants,route-scale,clamp (default: all)");
+  s->add_option("--image-tokens", a->image_tokens,
+                "tokens inside image spans, e.g. 3-5 (adversarial ones included): routed with "
+                "bias_vl by the implementation and the reference (needs "
+                "blk.N.exp_probs_b_vl.bias)")
+      ->check(image_tokens_validator());
   s->add_flag("--json", a->json, "machine-readable output");
   s->callback([a, &rc] { rc = run_sensitivity_cmd(*a); });
 }

@@ -21,6 +21,16 @@ void add_golden(CLI::App& app, int& rc);
 void add_inspect(CLI::App& app, int& rc);
 void add_sensitivity(CLI::App& app, int& rc);
 
+// --image-tokens' value must name some token (an empty list would silently mean "no mask").
+inline CLI::Validator image_tokens_validator() {
+  return CLI::Validator(
+      [](std::string& v) {
+        return v.empty() ? std::string("expected token indices or ranges, e.g. 3-17,40-60")
+                         : std::string();
+      },
+      "LIST");
+}
+
 // A fresh private directory under $TMPDIR (or /tmp), removed with everything in it on scope exit.
 class TempDir {
  public:

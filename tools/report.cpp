@@ -147,7 +147,8 @@ void diff_json(Json& j, const DiffReport& r) {
     j.begin_object()
         .kv("layer", l.layer)
         .kv("same", l.pass)
-        .kv("first_failing", l.pass ? "" : stage_name(l.first_failing));
+        .kv("first_failing", l.pass ? "" : stage_name(l.first_failing))
+        .kv("image_mask_differ", l.image_mask_differ);
     j.key("routing")
         .begin_object()
         .kv("tokens_differ", l.routing.tokens_differ)
@@ -167,7 +168,8 @@ void diff_json(Json& j, const DiffReport& r) {
           .kv("stage", stage_name(s.stage))
           .kv("dtype", s.dtype)
           .kv("status", s.status)
-          .kv("pass", s.pass);
+          .kv("pass", s.pass)
+          .kv("note", s.note);
       j.kv("compared", s.compared).kv("skipped_tokens", s.skipped_tokens).kv("max_abs", s.max_abs);
       j.kv("max_rel", s.max_rel)
           .kv("max_ulp", s.max_ulp)

@@ -99,6 +99,47 @@ std::vector<int> parse_layer_list(const std::string& s) {
   return out;
 }
 
+std::vector<uint8_t> parse_image_tokens(const std::string& s, int64_t T) {
+  std::vector<uint8_t> mask(static_cast<size_t>(std::max<int64_t>(T, 0)), 0);
+  auto bad = [&](const std::string& piece, const std::string& why) -> void {
+    throw InputError("--image-tokens \"" + s + "\": piece \"" + piece + "\" " + why +
+                     " (expected comma-separated token indices or inclusive ranges in [0, " +
+                     std::to_string(T) + "), e.g. 3-17,40-60)");
+  };
+  auto num = [&](const std::string& piece, const std::string& t) {
+    if (t.empty() || t.size() > 9 || t.find_first_not_of("0123456789") != std::string::npos)
+      bad(piece, "is not a token index or range");
+    const int64_t v = std::stoll(t);
+    if (v >= T)
+      bad(piece, "names token " + t + ", outside the run's " + std::to_string(T) + " token(s)");
+    return v;
+  };
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t comma = std::min(s.find(',', pos), s.size());
+    const std::string piece = s.substr(pos, comma - pos);
+    const size_t dash = piece.find('-');
+    const int64_t lo = num(piece, piece.substr(0, dash));
+    const int64_t hi = dash == std::string::npos ? lo : num(piece, piece.substr(dash + 1));
+    if (hi < lo) bad(piece, "is reversed (write the lower index first)");
+    for (int64_t t = lo; t <= hi; ++t) {
+      if (mask[static_cast<size_t>(t)] != 0)
+        bad(piece, "overlaps an earlier piece at token " + std::to_string(t));
+      mask[static_cast<size_t>(t)] = 1;
+    }
+    pos = comma + 1;
+  }
+  return mask;
+}
+
+void require_bias_vl(const LayerWeights& w, const std::string& model, const std::string& flag) {
+  if (w.bias_vl != nullptr) return;
+  throw InputError(flag + ": " + model + " has no tensor \"" +
+                   tensor_name(w.layer, LayerTensor::kBiasVl) +
+                   "\" (model.py's Gate.bias_vl), so an image mask would change no pick; refused "
+                   "(docs/cli.md \"run\")");
+}
+
 namespace {
 
 std::string router_name(RouterVariant v) { return v == RouterVariant::kPlain ? "plain" : "staged"; }
@@ -106,19 +147,20 @@ std::string router_name(RouterVariant v) { return v == RouterVariant::kPlain ? "
 }  // namespace
 
 std::vector<uint16_t> forward_one(const RunSpec& spec, const LayerWeights& w,
-                                  const std::vector<uint16_t>& x, int64_t T, LayerTaps* taps) {
+                                  const std::vector<uint16_t>& x, int64_t T, LayerTaps* taps,
+                                  const uint8_t* image_mask) {
   switch (spec.impl) {
     case Impl::kRef: {
       const ref::MoE moe(w, spec.knobs.precision == RefPrecision::kExact ? ref::Precision::kExact
                                                                          : ref::Precision::kModel);
-      return moe.forward(x.data(), T, taps);
+      return moe.forward(x.data(), T, taps, image_mask);
     }
     case Impl::kEmu: {
       emu::LayerOptions o;
       o.router = spec.knobs.router;
       o.expert_warps = spec.knobs.expert_warps;
       const emu::MoeLayer layer(w, o);
-      return layer.forward(x.data(), T, taps);
+      return layer.forward(x.data(), T, taps, nullptr, image_mask);
     }
     case Impl::kCuda: {
 #if defined(MOECHECK_HAVE_CUDA)
@@ -126,8 +168,9 @@ std::vector<uint16_t> forward_one(const RunSpec& spec, const LayerWeights& w,
       o.router = spec.knobs.router;
       o.expert_warps = spec.knobs.expert_warps;
       o.shared_side_stream = spec.knobs.shared_side_stream;
+      o.route = spec.knobs.route;
       moecheck::cuda::MoeLayer layer(w, o);
-      return layer.forward(x.data(), T, taps);
+      return layer.forward(x.data(), T, taps, nullptr, image_mask);
 #else
       break;
 #endif
@@ -159,7 +202,8 @@ DumpMeta make_meta(const LoadedModel& m, const RunSpec& spec) {
     case Impl::kCuda:
       meta.knobs = {{"router", router_name(k.router)},
                     {"expert_warps", std::to_string(k.expert_warps)},
-                    {"shared_side_stream", k.shared_side_stream ? "on" : "off"}};
+                    {"shared_side_stream", k.shared_side_stream ? "on" : "off"},
+                    {"route", route_place_name(k.route)}};
 #if defined(MOECHECK_HAVE_CUDA)
       meta.device = moecheck::cuda::device_name(0);
 #else
@@ -197,10 +241,80 @@ std::vector<uint16_t> seeded_layer_input(const RunSpec& spec, const LayerWeights
   return x;
 }
 
+namespace {
+
+// The run's inputs besides the seeded ones: the --input dump (its token count becomes the run's)
+// and the --image-tokens mask; fills meta.tokens and meta.input_source.
+struct RunInputs {
+  std::unique_ptr<Dump> dump;
+  std::vector<uint8_t> mask;  // [T] from --image-tokens, or empty
+};
+
+RunInputs open_inputs(const LoadedModel& m, const RunSpec& spec, DumpMeta& meta) {
+  RunInputs in;
+  const MoeConfig& c = m.file.config();
+  if (!spec.input.dump_path.empty()) {
+    if (!spec.input.image_tokens.empty())
+      throw InputError(
+          "--image-tokens: --input takes each layer's input and image mask from the dump; the two "
+          "cannot be combined");
+    in.dump = std::make_unique<Dump>(read_dump(spec.input.dump_path));
+    if (in.dump->meta.config.dim != c.dim)
+      throw InputError(spec.input.dump_path + ": attribute config.dim is " +
+                       std::to_string(in.dump->meta.config.dim) + ", the model " + m.path +
+                       " has dim " + std::to_string(c.dim));
+    meta.tokens = in.dump->meta.tokens;
+    meta.input_source = "dump:" + std::filesystem::path(spec.input.dump_path).filename().string();
+    return in;
+  }
+  if (spec.tokens <= 0)
+    throw InputError("--tokens: expected a positive token count, found " +
+                     std::to_string(spec.tokens));
+  if (spec.input.adversarial && spec.input.chain)
+    throw InputError(
+        "--adversarial: adversarial tokens are made per layer from its weights; they cannot be "
+        "chained");
+  meta.tokens = spec.tokens + (spec.input.adversarial ? kAdversarialTokens : 0);
+  meta.input_source = spec.input.chain         ? "seed+chain"
+                      : spec.input.adversarial ? "seed+adversarial"
+                                               : "seed";
+  meta.input_seed = spec.input.seed;
+  if (!spec.input.image_tokens.empty())
+    in.mask = parse_image_tokens(spec.input.image_tokens, meta.tokens);
+  return in;
+}
+
+// The dump's layer L, or InputError naming the missing group.
+const LayerTaps& dump_layer(const Dump& d, const std::string& path, int L) {
+  auto it = std::find(d.meta.layers.begin(), d.meta.layers.end(), L);
+  if (it == d.meta.layers.end())
+    throw InputError(path + ": no /layers/" + std::to_string(L) + " to take the input of layer " +
+                     std::to_string(L) + " from");
+  return d.layers[static_cast<size_t>(it - d.meta.layers.begin())];
+}
+
+// Layer L's image mask: the dump's, else --image-tokens'. Refused (before any layer runs) where
+// the layer has no bias_vl to select with.
+const std::vector<uint8_t>& layer_mask(const LoadedModel& m, const RunSpec& spec,
+                                       const RunInputs& in, const LayerWeights& w) {
+  if (in.dump) {
+    const std::vector<uint8_t>& mask =
+        dump_layer(*in.dump, spec.input.dump_path, w.layer).image_mask;
+    if (!mask.empty())
+      require_bias_vl(
+          w, m.path,
+          spec.input.dump_path + ": /layers/" + std::to_string(w.layer) + "/image_mask (--input)");
+    return mask;
+  }
+  if (!in.mask.empty()) require_bias_vl(w, m.path, "--image-tokens");
+  return in.mask;
+}
+
+}  // namespace
+
 Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
   std::string why;
   if (!impl_available(spec.impl, &why)) throw InputError(why);
-  const MoeConfig& c = m.file.config();
   std::vector<int> layers = spec.layers;
   if (layers.empty())
     for (int l = 0; l < m.file.n_layers(); ++l) layers.push_back(l);
@@ -211,52 +325,26 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
 
   Dump d;
   d.meta = make_meta(m, spec);
-  std::unique_ptr<Dump> in;
-  if (!spec.input.dump_path.empty()) {
-    in = std::make_unique<Dump>(read_dump(spec.input.dump_path));
-    if (in->meta.config.dim != c.dim)
-      throw InputError(spec.input.dump_path + ": attribute config.dim is " +
-                       std::to_string(in->meta.config.dim) + ", the model " + m.path + " has dim " +
-                       std::to_string(c.dim));
-    d.meta.tokens = in->meta.tokens;
-    d.meta.input_source = "dump:" + std::filesystem::path(spec.input.dump_path).filename().string();
-  } else {
-    if (spec.tokens <= 0)
-      throw InputError("--tokens: expected a positive token count, found " +
-                       std::to_string(spec.tokens));
-    if (spec.input.adversarial && spec.input.chain)
-      throw InputError(
-          "--adversarial: adversarial tokens are made per layer from its weights; they cannot be "
-          "chained");
-    d.meta.tokens = spec.tokens + (spec.input.adversarial ? kAdversarialTokens : 0);
-    d.meta.input_source = spec.input.chain         ? "seed+chain"
-                          : spec.input.adversarial ? "seed+adversarial"
-                                                   : "seed";
-    d.meta.input_seed = spec.input.seed;
-  }
+  const RunInputs in = open_inputs(m, spec, d.meta);
   const int64_t T = d.meta.tokens;
+  for (int L : layers) layer_mask(m, spec, in, m.file.layer(L));  // refusals before any run
 
   std::vector<uint16_t> carried;
   for (size_t i = 0; i < layers.size(); ++i) {
     const int L = layers[i];
     const LayerWeights w = m.file.layer(L);
     std::vector<uint16_t> x;
-    if (in) {
-      auto it = std::find(in->meta.layers.begin(), in->meta.layers.end(), L);
-      if (it == in->meta.layers.end())
-        throw InputError(spec.input.dump_path + ": no /layers/" + std::to_string(L) +
-                         " to take the input of layer " + std::to_string(L) + " from");
-      x = in->layers[static_cast<size_t>(it - in->meta.layers.begin())].input;
-    } else if (spec.input.chain && i > 0) {
-      x = carried;
-    } else {
-      x = seeded_layer_input(spec, w, L);
-    }
+    if (in.dump) x = dump_layer(*in.dump, spec.input.dump_path, L).input;
+    else if (spec.input.chain && i > 0) x = carried;
+    else x = seeded_layer_input(spec, w, L);
+    const std::vector<uint8_t>& mask = layer_mask(m, spec, in, w);
     LayerTaps taps;
-    std::vector<uint16_t> y = forward_one(spec, w, x, T, &taps);
+    std::vector<uint16_t> y =
+        forward_one(spec, w, x, T, &taps, mask.empty() ? nullptr : mask.data());
     taps.layer = L;
     taps.tokens = T;
     taps.input = x;
+    taps.image_mask = mask;  // every implementation's taps record the mask it was given
     taps.output = y;
     if (!spec.taps) {
       taps.x_q8.clear();
@@ -264,7 +352,7 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
       taps.shared = ExpertTaps{};
       taps.acc.clear();
     }
-    d.slices.push_back(m.hasher->layer_slices(L, experts_used(taps.topk_ids)));
+    d.slices.push_back(m.hasher->layer_slices(L, experts_used(taps.topk_ids), !mask.empty()));
     carried = std::move(y);
     d.meta.layers.push_back(L);
     d.layers.push_back(std::move(taps));

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/routing.h"
 #include "emulate/router_gemv.h"
 #include "golden/dump.h"
 #include "golden/model_file.h"
@@ -34,6 +35,7 @@ struct ImplKnobs {
   RouterVariant router = RouterVariant::kStaged;  // emu, cuda
   int expert_warps = 8;                           // emu, cuda: 2, 4 or 8
   bool shared_side_stream = true;                 // cuda
+  RoutePlace route = RoutePlace::kHost;           // cuda: where the top-k selection runs
 };
 
 struct InputSpec {
@@ -44,6 +46,10 @@ struct InputSpec {
   // Seeded inputs only: the layer's kAdversarialTokens tokens (golden/adversarial.h) follow the
   // T seeded ones, so each layer runs T + 4 tokens.
   bool adversarial = false;
+  // --image-tokens: the tokens inside image spans ("3-17,40-60", indices into the layer's whole
+  // token list, adversarial ones included), routed with bias_vl; empty: no mask. With dump_path
+  // each layer takes the dump's own image mask instead (the two cannot be combined).
+  std::string image_tokens;
 };
 
 struct RunSpec {
@@ -73,12 +79,22 @@ uint64_t input_layer_seed(uint64_t seed, int layer);
 // "0,2-5" -> {0, 2, 3, 4, 5}; sorted, unique; InputError naming --layers on bad syntax.
 std::vector<int> parse_layer_list(const std::string& s);
 
+// "3-17,40-60" -> the image mask [T] (1 at each listed token): comma-separated token indices or
+// inclusive ranges, each in [0, T), none reversed or overlapping another. InputError naming
+// --image-tokens and the bad piece.
+std::vector<uint8_t> parse_image_tokens(const std::string& s, int64_t T);
+// The image mask needs the layer's bias_vl: without it model.py ignores the mask, so the flag
+// would change nothing. InputError naming `flag`, the model and blk.L.exp_probs_b_vl.bias.
+void require_bias_vl(const LayerWeights& w, const std::string& model, const std::string& flag);
+
 Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress);
 
-// One layer forward of spec.impl (with spec.knobs) on weights w and input x [T, dim], every stage
-// in `taps` when given; returns the bf16 output. InputError when the implementation cannot run.
+// One layer forward of spec.impl (with spec.knobs) on weights w and input x [T, dim] with the
+// image mask [T] (nullable), every stage in `taps` when given; returns the bf16 output.
+// InputError when the implementation cannot run.
 std::vector<uint16_t> forward_one(const RunSpec& spec, const LayerWeights& w,
-                                  const std::vector<uint16_t>& x, int64_t T, LayerTaps* taps);
+                                  const std::vector<uint16_t>& x, int64_t T, LayerTaps* taps,
+                                  const uint8_t* image_mask = nullptr);
 
 // Layer L's seeded input of `spec` (generate_input of the layer's seed, T = spec.tokens), followed
 // by its adversarial tokens when spec.input.adversarial.

@@ -36,12 +36,14 @@ int main() {
     int64_t T;
   };
   std::vector<Variant> vs;
-  auto add = [&](std::string name, RouterVariant r, int warps, bool side, bool graphs, int64_t T) {
+  auto add = [&](std::string name, RouterVariant r, int warps, bool side, bool graphs, int64_t T,
+                 RoutePlace route = RoutePlace::kHost) {
     cuda::LayerOptions lo;
     lo.router = r;
     lo.expert_warps = warps;
     lo.shared_side_stream = side;
     lo.use_graphs = graphs;
+    lo.route = route;
     vs.push_back({std::move(name), lo, T});
   };
   add("default (staged, 8 warps, side stream)", RouterVariant::kStaged, 8, true, false, 1);
@@ -51,6 +53,11 @@ int main() {
   add("2 warps", RouterVariant::kStaged, 2, true, false, 1);
   add("plain router", RouterVariant::kPlain, 8, true, false, 1);
   add("default, T=8", RouterVariant::kStaged, 8, true, false, 8);
+  // The device route: no host round trip between the router and the routed experts.
+  add("device route", RouterVariant::kStaged, 8, true, false, 1, RoutePlace::kDevice);
+  add("device route, graphs", RouterVariant::kStaged, 8, true, true, 1, RoutePlace::kDevice);
+  add("device route, T=8", RouterVariant::kStaged, 8, true, false, 8, RoutePlace::kDevice);
+  add("device route, graphs, T=8", RouterVariant::kStaged, 8, true, true, 8, RoutePlace::kDevice);
 
   struct Result {
     std::string name;

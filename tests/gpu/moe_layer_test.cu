@@ -3,8 +3,11 @@
 // T = 1..8 (and 11, 17: several groups of 8 rows per expert) at the tiny and small presets
 // (golden/generator.h, in memory), expert warps 2 / 4 / 8, router plain / staged, shared side
 // stream on / off, CUDA graphs on / off, bf16 and K-quant shared experts; the ds41 preset (fast
-// blocks) at T = 1..8. Every forward runs twice, bitwise equal. Contract: docs/numerics.md.
+// blocks) at T = 1..8; the host route and the device route (route_select, route_plan), with and
+// without an image mask (bias_vl for masked tokens). Every forward runs twice, bitwise equal.
+// Contract: docs/numerics.md.
 #include "core/error.h"
+#include "core/route_header.h"
 #include "cuda/moe_layer.h"
 #include "emulate/moe_layer.h"
 #include "golden/generator.h"
@@ -40,6 +43,8 @@ using gputest::same_q8;
   const int64_t dim = c.dim, inter = c.inter;
   if (got.topk_ids != want.topk_ids)
     return ::testing::AssertionFailure() << "topk_ids differ\n  repro: " << r;
+  if (got.image_mask != want.image_mask)
+    return ::testing::AssertionFailure() << "image_mask taps differ\n  repro: " << r;
   for (auto res : {same_f32("router_logits", got.router_logits, want.router_logits, c.n_routed, r),
                    same_f32("topk_weights", got.topk_weights, want.topk_weights, c.topk, r),
                    same_q8("x_q8", got.x_q8, want.x_q8, dim / kQK8_1, r)})
@@ -63,20 +68,41 @@ struct Variant {
   RouterVariant router;
   bool side;
   bool graphs;
+  RoutePlace route = RoutePlace::kHost;
   std::string name() const {
     std::string s = "W";  // appended step by step: GCC 12 warns falsely (-Wrestrict) on a + chain
     s += std::to_string(warps);
     s += router == RouterVariant::kPlain ? "_plain" : "_staged";
     s += side ? "_side" : "_noside";
     s += graphs ? "_graph" : "";
+    s += route == RoutePlace::kDevice ? "_devroute" : "";
     return s;
   }
 };
 
-// emu once per (router variant, T); every CUDA variant against it, each forward twice.
+// A vision bias that picks differently from bias: bias permuted and shifted.
+std::vector<float> vision_bias(const LayerWeights& w) {
+  const int64_t E = w.config.n_routed;
+  std::vector<float> b(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e)
+    b[e] = w.bias[(e * 7 + 3) % E] + 0.0625f * static_cast<float>(e % 5);
+  return b;
+}
+
+// The mask of T tokens: tokens 1, 2, 4, 5, 7, ... (t % 3 != 0) inside an image span.
+std::vector<uint8_t> image_mask_of(int64_t T) {
+  std::vector<uint8_t> m(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) m[t] = t % 3 != 0;
+  return m;
+}
+
+// emu once per (router variant, T); every CUDA variant against it, each forward twice. masked:
+// the layer gets a bias_vl and every forward an image mask.
 void run_layer(const GenOptions& o, const std::vector<int64_t>& Ts,
-               const std::vector<Variant>& variants, uint64_t input_seed) {
-  const LayerWeights w = generate_layer(o, 0);
+               const std::vector<Variant>& variants, uint64_t input_seed, bool masked = false) {
+  LayerWeights w = generate_layer(o, 0);
+  const std::vector<float> bvl = vision_bias(w);
+  if (masked) w.bias_vl = bvl.data();
   std::vector<std::unique_ptr<cuda::MoeLayer>> layers;
   for (const Variant& v : variants) {
     cuda::LayerOptions co;
@@ -84,6 +110,7 @@ void run_layer(const GenOptions& o, const std::vector<int64_t>& Ts,
     co.router = v.router;
     co.shared_side_stream = v.side;
     co.use_graphs = v.graphs;
+    co.route = v.route;
     layers.push_back(std::make_unique<cuda::MoeLayer>(w, co));
   }
   for (RouterVariant rv : {RouterVariant::kPlain, RouterVariant::kStaged}) {
@@ -92,16 +119,19 @@ void run_layer(const GenOptions& o, const std::vector<int64_t>& Ts,
     const emu::MoeLayer ref(w, eo);
     for (int64_t T : Ts) {
       const auto x = generate_input(input_seed + static_cast<uint64_t>(T), T, o.config.dim);
+      const std::vector<uint8_t> mask = image_mask_of(T);
+      const uint8_t* m = masked ? mask.data() : nullptr;
       LayerTaps want;
-      const auto y_want = ref.forward(x.data(), T, &want);
+      const auto y_want = ref.forward(x.data(), T, &want, nullptr, m);
       for (size_t i = 0; i < variants.size(); ++i) {
         if (variants[i].router != rv) continue;
-        const std::string r = gputest::repro(
-            input_seed + static_cast<uint64_t>(T),
-            "preset " + o.preset + " T=" + std::to_string(T) + " " + variants[i].name());
+        const std::string r =
+            gputest::repro(input_seed + static_cast<uint64_t>(T),
+                           "preset " + o.preset + " T=" + std::to_string(T) + " " +
+                               variants[i].name() + (masked ? " image mask t%3!=0" : ""));
         for (int run = 0; run < 2; ++run) {
           LayerTaps got;
-          const auto y = layers[i]->forward(x.data(), T, &got);
+          const auto y = layers[i]->forward(x.data(), T, &got, nullptr, m);
           ASSERT_TRUE(gputest::same_u16(run == 0 ? "output" : "output (second run)", y, y_want,
                                         o.config.dim, r));
           ASSERT_TRUE(same_taps(got, want, o.config, r));
@@ -111,6 +141,14 @@ void run_layer(const GenOptions& o, const std::vector<int64_t>& Ts,
   }
 }
 
+// The device route under each kind of launch: plain, side stream, graphs, both.
+std::vector<Variant> device_variants() {
+  return {{8, RouterVariant::kStaged, true, false, RoutePlace::kDevice},
+          {2, RouterVariant::kPlain, false, false, RoutePlace::kDevice},
+          {4, RouterVariant::kStaged, false, true, RoutePlace::kDevice},
+          {8, RouterVariant::kPlain, true, true, RoutePlace::kDevice}};
+}
+
 std::vector<Variant> all_variants() {
   std::vector<Variant> v;
   for (int warps : {2, 4, 8})
@@ -118,6 +156,7 @@ std::vector<Variant> all_variants() {
       for (bool side : {false, true}) v.push_back({warps, r, side, false});
   v.push_back({8, RouterVariant::kStaged, true, true});
   v.push_back({4, RouterVariant::kPlain, false, true});
+  for (const Variant& d : device_variants()) v.push_back(d);
   return v;
 }
 
@@ -143,12 +182,30 @@ TEST(CudaMoeLayer, Ds41_dim5120_E384_K6_FastBlocks_T1to8) {
   run_layer(preset_options("ds41"), {1, 2, 3, 4, 5, 6, 7, 8},
             {{8, RouterVariant::kStaged, true, false},
              {2, RouterVariant::kStaged, false, true},
-             {4, RouterVariant::kPlain, true, false}},
+             {4, RouterVariant::kPlain, true, false},
+             {8, RouterVariant::kStaged, true, false, RoutePlace::kDevice},
+             {4, RouterVariant::kPlain, false, true, RoutePlace::kDevice}},
             400);
 }
 
-// A NaN in one token's input reaches the host routing as NaN logits: the forward throws the
-// same InputError as the emulation (naming layer, token and expert), with the shared expert's
+// The image mask: bias_vl selects for tokens t % 3 != 0, host and device route, T = 1..8.
+TEST(CudaMoeLayer, ImageMask_Tiny_Small_Ds41_T1to8_HostAndDeviceRoute) {
+  MOECHECK_REQUIRE_GPU();
+  std::vector<Variant> v = device_variants();
+  v.push_back({8, RouterVariant::kStaged, true, false});
+  v.push_back({4, RouterVariant::kPlain, false, true});
+  const std::vector<int64_t> Ts = {1, 2, 3, 4, 5, 6, 7, 8};
+  run_layer(preset_options("tiny"), Ts, v, 600, true);
+  run_layer(preset_options("small"), Ts, v, 700, true);
+  run_layer(preset_options("ds41"), Ts,
+            {{8, RouterVariant::kStaged, true, false, RoutePlace::kDevice},
+             {8, RouterVariant::kStaged, true, false}},
+            800, true);
+}
+
+// A NaN in one token's input reaches the routing as NaN logits: the forward throws the same
+// InputError as the emulation (naming layer, token and expert), on the host route and on the
+// device route (the header's error word, raised after the forward), with the shared expert's
 // side stream on and off and with graphs on and off; the forward after the error (same T, then
 // another T) equals the emulation bit for bit in every stage (the side stream was fenced, no
 // buffer of the failed forward leaks into the next).
@@ -171,32 +228,35 @@ TEST(CudaMoeLayer, NanInputThrowsTheEmulationsErrorAndTheNextForwardIsExact) {
   LayerTaps want4, want7;
   const auto y4 = ref.forward(x4.data(), 4, &want4);
   const auto y7 = ref.forward(x7.data(), 7, &want7);
-  for (bool side : {true, false})
-    for (bool graphs : {false, true}) {
-      cuda::LayerOptions co;
-      co.shared_side_stream = side;
-      co.use_graphs = graphs;
-      cuda::MoeLayer layer(w, co);
-      const std::string r =
-          gputest::repro(501, std::string("NaN input, side ") + (side ? "on" : "off") +
-                                  ", graphs " + (graphs ? "on" : "off"));
-      ASSERT_TRUE(
-          gputest::same_u16("output before the error", layer.forward(x4.data(), 4), y4, dim, r));
-      std::string cuda_error;
-      try {
-        layer.forward(bad.data(), 4);
-      } catch (const InputError& e) {
-        cuda_error = e.what();
+  for (RoutePlace route : {RoutePlace::kHost, RoutePlace::kDevice}) {
+    for (bool side : {true, false})
+      for (bool graphs : {false, true}) {
+        cuda::LayerOptions co;
+        co.shared_side_stream = side;
+        co.use_graphs = graphs;
+        co.route = route;
+        cuda::MoeLayer layer(w, co);
+        const std::string r = gputest::repro(
+            501, std::string("NaN input, side ") + (side ? "on" : "off") + ", graphs " +
+                     (graphs ? "on" : "off") + ", route " + route_place_name(route));
+        ASSERT_TRUE(
+            gputest::same_u16("output before the error", layer.forward(x4.data(), 4), y4, dim, r));
+        std::string cuda_error;
+        try {
+          layer.forward(bad.data(), 4);
+        } catch (const InputError& e) {
+          cuda_error = e.what();
+        }
+        EXPECT_EQ(cuda_error, emu_error) << r;
+        LayerTaps got4, got7;
+        ASSERT_TRUE(gputest::same_u16("output after the error", layer.forward(x4.data(), 4, &got4),
+                                      y4, dim, r));
+        ASSERT_TRUE(same_taps(got4, want4, w.config, r));
+        ASSERT_TRUE(gputest::same_u16("output after the error, T=7",
+                                      layer.forward(x7.data(), 7, &got7), y7, dim, r));
+        ASSERT_TRUE(same_taps(got7, want7, w.config, r));
       }
-      EXPECT_EQ(cuda_error, emu_error) << r;
-      LayerTaps got4, got7;
-      ASSERT_TRUE(gputest::same_u16("output after the error", layer.forward(x4.data(), 4, &got4),
-                                    y4, dim, r));
-      ASSERT_TRUE(same_taps(got4, want4, w.config, r));
-      ASSERT_TRUE(gputest::same_u16("output after the error, T=7",
-                                    layer.forward(x7.data(), 7, &got7), y7, dim, r));
-      ASSERT_TRUE(same_taps(got7, want7, w.config, r));
-    }
+  }
 }
 
 TEST(CudaMoeLayer, BadOptionsAndTokensThrow) {
@@ -205,6 +265,12 @@ TEST(CudaMoeLayer, BadOptionsAndTokensThrow) {
   cuda::LayerOptions bad;
   bad.expert_warps = 6;
   EXPECT_THROW(cuda::MoeLayer(w, bad), InputError);
+  LayerWeights far = w;
+  far.layer = kSlotTableLayers;  // past the slot table: the device route refuses the layer
+  cuda::LayerOptions dev;
+  dev.route = RoutePlace::kDevice;
+  EXPECT_THROW(cuda::MoeLayer(far, dev), InputError);
+  EXPECT_NO_THROW(cuda::MoeLayer(far, cuda::LayerOptions{}));  // the host route has no such limit
   cuda::MoeLayer layer(w);
   const auto x = generate_input(1, 1, w.config.dim);
   EXPECT_THROW(layer.forward(x.data(), -1), InputError);

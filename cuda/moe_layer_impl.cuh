@@ -1,0 +1,131 @@
+// cuda::MoeLayer's private state (cuda/moe_layer.h), shared by the driver's two files:
+// cuda/moe_layer.cu (setup, the host route, the shared expert, taps, forward) and
+// cuda/moe_layer_route.cu (the slot table and the device route). Not a public header.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "core/layer_plan.h"
+#include "core/route_header.h"
+#include "core/routing.h"
+#include "cuda/check.h"
+#include "cuda/device_buffers.cuh"
+#include "cuda/kernels.h"
+#include "cuda/moe_layer.h"
+
+namespace moecheck::cuda {
+namespace layer_detail {
+
+inline size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+template <class T>
+void copy_back(std::vector<T>& v, const void* d, size_t n, cudaStream_t s) {
+  v.resize(n);
+  if (n > 0)
+    MOECHECK_CUDA_CHECK(cudaMemcpyAsync(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost, s));
+}
+
+// Byte offsets of the packed plan: the slot table (3U pointers), the MMVQ groups (gate, up,
+// down), the accumulation rows and weights ([T, topk] each).
+struct PlanLayout {
+  size_t slots = 0, groups = 0, rows = 0, weights = 0, bytes = 0;
+  explicit PlanLayout(const LayerPlan& p) {
+    groups = align_up(static_cast<size_t>(3 * p.n_experts()) * sizeof(void*), 16);
+    rows = align_up(groups + p.groups.size() * sizeof(MmvqGroup), 16);
+    weights = align_up(rows + static_cast<size_t>(p.pairs()) * 4, 16);
+    bytes = weights + static_cast<size_t>(p.pairs()) * 4;
+  }
+};
+
+}  // namespace layer_detail
+
+using layer_detail::copy_back;
+using layer_detail::PlanLayout;
+
+struct MoeLayer::Impl {
+  LayerWeights w;
+  LayerOptions o;
+  bool dense_shared = true;
+  cudaStream_t main = nullptr, side = nullptr;
+  cudaEvent_t ev_in = nullptr, ev_out = nullptr;
+  DevBuf router, gate_exps, up_exps, down_exps, sh_gate, sh_up, sh_down;
+  // Scratch, sized for the largest T seen.
+  DevBuf x, x_q8, logits, plan, gu, h, h_q8, down, sg, su, sh, shb, sh_q8, sd, acc, y;
+  PinnedBuf h_x, h_logits, h_plan, h_y;
+  // Routing data: the bias (and bias_vl) on the device, the slot table [kSlotTableLayers,
+  // n_routed] and its host copy of this layer's row, the slot pointer arrays (gate, up, down of
+  // slot s), the route headers [kSlotTableLayers] and the device plan; the image mask.
+  DevBuf bias, bias_vl, slot_table, slot_ptrs, hdr, dplan, mask;
+  PinnedBuf h_hdr, h_mask;
+  std::vector<int32_t> slot_row;
+  // Captured launch sequences keyed by (phase, shape...): 0 = before routing (T), 1 = shared
+  // expert (T), 2 = routed experts (P, U and max group, groups, plan bytes), 3 = before the
+  // device route (T; no logits download), 4 = the device route and routed experts (T, masked).
+  using GraphKey = std::tuple<int, int64_t, int64_t, int64_t, size_t>;
+  std::map<GraphKey, cudaGraphExec_t> graphs;
+
+  ~Impl() {
+    drop_graphs();
+    if (ev_in != nullptr) (void)cudaEventDestroy(ev_in);
+    if (ev_out != nullptr) (void)cudaEventDestroy(ev_out);
+    if (side != nullptr) (void)cudaStreamDestroy(side);
+    if (main != nullptr) (void)cudaStreamDestroy(main);
+  }
+
+  void drop_graphs() {
+    for (auto& kv : graphs) (void)cudaGraphExecDestroy(kv.second);
+    graphs.clear();
+  }
+
+  // fn(s) launched directly, or (use_graphs) captured once per key and replayed.
+  template <class F>
+  void launch(const GraphKey& key, cudaStream_t s, F fn) {
+    if (!o.use_graphs) {
+      fn(s);
+      return;
+    }
+    auto it = graphs.find(key);
+    if (it == graphs.end()) {
+      cudaGraph_t g = nullptr;
+      MOECHECK_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      fn(s);
+      MOECHECK_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+      cudaGraphExec_t ge = nullptr;
+      MOECHECK_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+      MOECHECK_CUDA_CHECK(cudaGraphDestroy(g));
+      it = graphs.emplace(key, ge).first;
+    }
+    MOECHECK_CUDA_CHECK(cudaGraphLaunch(it->second, s));
+  }
+
+  void upload(DevBuf& d, const void* src, size_t n) {
+    d.reserve(n);
+    MOECHECK_CUDA_CHECK(cudaMemcpy(d.p, src, n, cudaMemcpyHostToDevice));
+  }
+
+  void setup_device();
+  void upload_weights();
+  void upload_slots();
+  int64_t header_words(int64_t T) const { return RouteHeaderLayout{T, w.config.topk}.words(); }
+  int32_t* layer_header(int64_t T) const { return hdr.as<int32_t>() + w.layer * header_words(T); }
+  void check_resident(const Routing& rt) const;
+  void device_routed(int64_t T, bool masked);
+  Routing header_routing(int64_t T, const uint8_t* image_mask);
+  void reserve(int64_t T);
+  void reserve_plan(size_t bytes);
+  void pre_route(const uint16_t* xin, int64_t T, bool download_logits);
+  void shared_expert(int64_t T, cudaStream_t s);
+  void pack_plan(const LayerPlan& p, const PlanLayout& L);
+  void routed(const LayerPlan& p, const PlanLayout& L);
+  void finish(const LayerPlan& p, const PlanLayout& L, int64_t T);
+  void finish_device(int64_t T);
+  uint64_t bytes_read(const LayerPlan& p) const;
+  void fold_taps(const uint16_t* xin, int64_t T, const Routing& rt, const LayerPlan& p,
+                 LayerTaps& taps);
+};
+
+}  // namespace moecheck::cuda

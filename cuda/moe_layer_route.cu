@@ -1,0 +1,162 @@
+// cuda::MoeLayer's slot table and device route (cuda/moe_layer.h): the slot table upload and
+// set_resident, the host route's residency check, the device route's launches (route_select,
+// route_plan, the planned MMVQ groups), its tail and the header read after the forward.
+// Contract: docs/numerics.md "route_select"; the rest of the driver: cuda/moe_layer.cu.
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "core/error.h"
+#include "core/numfmt.h"
+#include "cuda/moe_layer_impl.cuh"
+
+namespace moecheck::cuda {
+
+void MoeLayer::set_resident(const std::vector<uint8_t>& resident) {
+  Impl& m = *impl_;
+  const int64_t E = m.w.config.n_routed;
+  if (static_cast<int64_t>(resident.size()) != E)
+    throw InputError("cuda::MoeLayer: layer " + std::to_string(m.w.layer) +
+                     ", set_resident: need one flag per routed expert (" + std::to_string(E) +
+                     "), found " + std::to_string(resident.size()));
+  for (int64_t e = 0; e < E; ++e) m.slot_row[e] = resident[e] != 0 ? static_cast<int32_t>(e) : -1;
+  m.upload_slots();
+}
+
+// The slot table: every row -1 but this layer's (expert e resident in slot e unless
+// set_resident cleared it), and slot s's gate / up / down base pointers (the resident stacks).
+void MoeLayer::Impl::upload_slots() {
+  const int64_t E = w.config.n_routed;
+  if (slot_row.empty()) {
+    slot_row.resize(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) slot_row[e] = static_cast<int32_t>(e);
+  }
+  std::vector<int32_t> table(static_cast<size_t>(kSlotTableLayers * E), -1);
+  if (w.layer >= 0 && w.layer < kSlotTableLayers)
+    std::copy(slot_row.begin(), slot_row.end(), table.begin() + w.layer * E);
+  upload(slot_table, table.data(), table.size() * 4);
+  std::vector<const uint8_t*> ptrs(static_cast<size_t>(3 * E));
+  for (int64_t e = 0; e < E; ++e) {
+    ptrs[e] = gate_exps.as<uint8_t>() + e * w.gate_exps.expert_stride();
+    ptrs[E + e] = up_exps.as<uint8_t>() + e * w.up_exps.expert_stride();
+    ptrs[2 * E + e] = down_exps.as<uint8_t>() + e * w.down_exps.expert_stride();
+  }
+  upload(slot_ptrs, ptrs.data(), ptrs.size() * sizeof(void*));
+}
+
+// Host route: a pick whose slot is -1 fails as the device route's miss flag does (the lowest
+// token, then its lowest such expert id).
+void MoeLayer::Impl::check_resident(const Routing& rt) const {
+  for (int64_t t = 0; t < rt.tokens; ++t) {
+    int32_t worst = -1;
+    for (int64_t j = 0; j < rt.topk; ++j) {
+      const int32_t e = rt.ids[static_cast<size_t>(t * rt.topk + j)];
+      if (slot_row[static_cast<size_t>(e)] < 0 && (worst < 0 || e < worst)) worst = e;
+    }
+    if (worst >= 0)
+      throw InputError("cuda::MoeLayer: layer " + std::to_string(w.layer) + " token " +
+                       std::to_string(t) + " expert " + std::to_string(worst) +
+                       ": picked expert is not resident in the slot table (the route header's "
+                       "miss flag)");
+  }
+}
+
+// The device route's launches after the router (graph-capturable): the mask up, route_select
+// into this layer's header, route_plan, gate/up MMVQ over the planned groups, SwiGLU + q8_1 on
+// all P pair rows (rows of unused pairs are never read), down MMVQ.
+void MoeLayer::Impl::device_routed(int64_t T, bool masked) {
+  const MoeConfig& c = w.config;
+  const int64_t P = T * c.topk, E = c.n_routed;
+  const DevicePlanLayout D(T, c.topk);
+  const RouteParams rp{
+      E, c.topk, c.gate_temp, c.route_scale, static_cast<int>(c.score_func), c.norm_topk_prob};
+  if (masked)
+    MOECHECK_CUDA_CHECK(cudaMemcpyAsync(mask.p, h_mask.p, T, cudaMemcpyHostToDevice, main));
+  const int32_t* row = slot_table.as<int32_t>() + w.layer * E;
+  route_select(logits.as<float>(), T, bias.as<float>(),
+               w.bias_vl != nullptr ? bias_vl.as<float>() : nullptr,
+               masked ? mask.as<uint8_t>() : nullptr, rp, row, layer_header(T), main);
+  const auto* const* sp = slot_ptrs.as<const uint8_t*>();
+  route_plan(layer_header(T), T, rp, row, sp, sp + E, sp + 2 * E, dplan.as<uint8_t>(), main);
+  const auto* slots = reinterpret_cast<const uint8_t* const*>(dplan.as<uint8_t>() + D.slots);
+  const auto* groups = reinterpret_cast<const MmvqGroup*>(dplan.as<uint8_t>() + D.groups);
+  const auto* counts = reinterpret_cast<const int32_t*>(dplan.as<uint8_t>() + D.counts);
+  const int ew = o.expert_warps, max_n = static_cast<int>(T < kMaxGroupRows ? T : kMaxGroupRows);
+  const BlockQ8_1* xq = x_q8.as<BlockQ8_1>();
+  if (w.gate_exps.type == w.up_exps.type) {
+    mmvq_groups_planned(w.gate_exps.type, slots, groups, counts + 1, 2, P, max_n, xq,
+                        gu.as<float>(), c.inter, c.dim, ew, main);
+  } else {
+    mmvq_groups_planned(w.gate_exps.type, slots, groups, counts + 1, 1, P, max_n, xq,
+                        gu.as<float>(), c.inter, c.dim, ew, main);
+    mmvq_groups_planned(w.up_exps.type, slots, groups + P, counts + 1, 1, P, max_n, xq,
+                        gu.as<float>(), c.inter, c.dim, ew, main);
+  }
+  swiglu_q8(gu.as<float>(), gu.as<float>() + P * c.inter, h.as<float>(), h_q8.as<BlockQ8_1>(), P,
+            c.inter, c.swiglu_limit, main);
+  mmvq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts + 1, 1, P, max_n,
+                      h_q8.as<BlockQ8_1>(), down.as<float>(), c.dim, c.inter, ew, main);
+}
+
+// After a device-routed forward: the header's status raised as the host route would (a NaN key:
+// route_from_logits on the downloaded logits throws the host route's own message; a miss: the
+// layer, token and expert), else the picks and weights as a Routing.
+Routing MoeLayer::Impl::header_routing(int64_t T, const uint8_t* image_mask) {
+  const MoeConfig& c = w.config;
+  const RouteHeaderLayout L{T, c.topk};
+  const int32_t* hd = h_hdr.as<int32_t>() + w.layer * header_words(T);
+  const std::string where = "cuda::MoeLayer: layer " + std::to_string(w.layer);
+  auto loc = [&](int64_t word) {
+    uint64_t v;
+    std::memcpy(&v, hd + word, sizeof v);
+    return std::pair<int64_t, int64_t>(static_cast<int64_t>(v >> 32),
+                                       static_cast<int64_t>(v & 0xFFFFFFFFu));
+  };
+  if (hd[RouteHeaderLayout::kStatus] & kRouteNaN) {
+    MOECHECK_CUDA_CHECK(
+        cudaMemcpy(h_logits.p, logits.p, T * c.n_routed * 4, cudaMemcpyDeviceToHost));
+    (void)route_from_logits(h_logits.as<float>(), T, RouteBias{w.bias, w.bias_vl, image_mask}, c,
+                            w.layer);
+    const auto [t, e] = loc(RouteHeaderLayout::kNaNLoc);
+    throw InputError(where + " token " + std::to_string(t) + " expert " + std::to_string(e) +
+                     ": routing key is NaN (device route)");
+  }
+  if (hd[RouteHeaderLayout::kStatus] & kRouteMiss) {
+    const auto [t, e] = loc(RouteHeaderLayout::kMissLoc);
+    throw InputError(where + " token " + std::to_string(t) + " expert " + std::to_string(e) +
+                     ": picked expert is not resident in the slot table (the route header's "
+                     "miss flag)");
+  }
+  Routing rt;
+  rt.tokens = T;
+  rt.topk = c.topk;
+  rt.ids.assign(hd + RouteHeaderLayout::kPicks, hd + RouteHeaderLayout::kPicks + L.pairs());
+  rt.weights.resize(static_cast<size_t>(L.pairs()));
+  for (int64_t i = 0; i < L.pairs(); ++i)
+    rt.weights[i] = bits_f32(static_cast<uint32_t>(hd[L.weights() + i]));
+  return rt;
+}
+
+// The device route's tail: the join, the accumulation over the device plan's rows and weights,
+// the output and the route headers down to the host.
+void MoeLayer::Impl::finish_device(int64_t T) {
+  const MoeConfig& c = w.config;
+  const DevicePlanLayout D(T, c.topk);
+  if (o.shared_side_stream) {
+    MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(main, ev_out, 0));
+  } else {
+    launch({1, T, 0, 0, 0}, main, [&](cudaStream_t s) { shared_expert(T, s); });
+  }
+  accumulate(reinterpret_cast<const int32_t*>(dplan.as<uint8_t>() + D.rows),
+             reinterpret_cast<const float*>(dplan.as<uint8_t>() + D.weights), c.topk,
+             down.as<float>(), sd.as<float>(), acc.as<float>(), y.as<uint16_t>(), T, c.dim, main);
+  MOECHECK_CUDA_CHECK(cudaMemcpyAsync(h_y.p, y.p, T * c.dim * 2, cudaMemcpyDeviceToHost, main));
+  const size_t words = static_cast<size_t>(header_words(T));
+  MOECHECK_CUDA_CHECK(cudaMemcpyAsync(h_hdr.as<int32_t>() + w.layer * words, layer_header(T),
+                                      words * 4, cudaMemcpyDeviceToHost, main));
+  MOECHECK_CUDA_CHECK(cudaStreamSynchronize(main));
+}
+
+}  // namespace moecheck::cuda
