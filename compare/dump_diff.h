@@ -54,9 +54,18 @@ struct StageDiff {
   std::string status;          // "" compared; "only in A", "only in B", "absent"
   int64_t compared = 0;        // elements compared
   int64_t skipped_tokens = 0;  // token rows left out because the token's routing differs
-  double max_abs = 0;
+  double max_abs = 0;          // over every non-NaN element
+  // max_rel and max_ulp are over the elements where both sides are nonzero and of the same sign:
+  // across zero the ULP distance counts every float between them (30,000 bf16 ULPs from -1e-30
+  // to 1e-30) and the relative error of a zero is infinite, which would hide the useful numbers.
   double max_rel = 0;
   uint64_t max_ulp = 0;
+  // Elements that differ across zero (one side zero, or opposite signs): left out of max_rel and
+  // max_ulp, counted here.
+  int64_t cross_zero = 0;
+  // The elements of max_abs and max_ulp (has_worst_*: the stage has one, i.e. a nonzero max).
+  Mismatch worst_abs, worst_ulp;
+  bool has_worst_abs = false, has_worst_ulp = false;
   double sum_sq_a = 0;
   double sum_sq_diff = 0;
   double nmse = 0;           // sum_sq_diff / sum_sq_a (0 when both are 0, +inf when only A's is 0)
@@ -65,6 +74,9 @@ struct StageDiff {
   bool pass = true;
   std::string note;             // e.g. "B scaled by its routing weight"
   std::vector<Mismatch> first;  // up to kMaxMismatches, in storage order
+  // Up to kMaxMismatches out-of-tolerance elements with the largest |a - b| (NaNs left out),
+  // largest first.
+  std::vector<Mismatch> worst;
 };
 
 struct RoutingFlip {

@@ -17,4 +17,12 @@ Tolerance golden_tolerance(const std::string& impl);
 // golden_tolerance(impl).
 DiffReport verify_golden_dump(const Dump& golden, const Dump& fresh, const std::string& impl);
 
+// Whether `fresh` holds what the committed dump holds, so that `golden update` leaves the file
+// untouched: every stage the same bits (the comparison of verify_golden_dump, exact for every
+// implementation: update records a reference that moved within its tolerance), and the same
+// implementation, knobs, inputs, layers, taps and model digests. The build's provenance
+// (tool_version, git_commit) and the device are not content. Dumps that cannot be compared are
+// not the same.
+bool same_golden_content(const Dump& committed, const Dump& fresh);
+
 }  // namespace moecheck

@@ -36,15 +36,77 @@ Elem bf16_pair(uint16_t a, uint16_t b) {
   return Elem{bf16_to_f32(a), bf16_to_f32(b), a, b, ulp_distance_bf16(a, b)};
 }
 
-void StageAcc::record(Mismatch m) {
+namespace {
+
+// |a - b| of a recorded element (NaN when either side is NaN).
+double gap(const Mismatch& m) { return std::fabs(m.a - m.b); }
+
+// The worst list is a min-heap on |a - b| while filling (its root is the one to drop).
+bool wider(const Mismatch& x, const Mismatch& y) { return gap(x) > gap(y); }
+
+Mismatch located(const Elem& e, const Mismatch& loc, const std::function<std::string()>& where) {
+  Mismatch m = loc;
+  m.a = e.a;
+  m.b = e.b;
+  m.a_bits = e.a_bits;
+  m.b_bits = e.b_bits;
+  m.ulp = e.ulp;
+  m.where = where();
+  return m;
+}
+
+}  // namespace
+
+void StageAcc::record(Mismatch m, const std::function<std::string()>& where) {
   ++s_.out_of_tol;
-  if (s_.first.size() < kMaxMismatches) s_.first.push_back(std::move(m));
+  const double g = gap(m);
+  const bool first = s_.first.size() < kMaxMismatches;
+  const bool worst =
+      !std::isnan(g) && (s_.worst.size() < kMaxMismatches || g > gap(s_.worst.front()));
+  if (!first && !worst) return;
+  if (m.where.empty()) m.where = where();
+  if (worst) {
+    if (s_.worst.size() == kMaxMismatches) {
+      std::pop_heap(s_.worst.begin(), s_.worst.end(), wider);
+      s_.worst.pop_back();
+    }
+    s_.worst.push_back(m);
+    std::push_heap(s_.worst.begin(), s_.worst.end(), wider);
+  }
+  if (first) s_.first.push_back(std::move(m));
+}
+
+// max_abs over every non-NaN pair; max_rel and max_ulp only where both sides are nonzero and of
+// the same sign (docs/cli.md "diff"), the others counted in cross_zero. Returns whether the pair
+// is the new worst_abs.
+bool StageAcc::stats(const Elem& e, double d, const Mismatch& loc,
+                     const std::function<std::string()>& where) {
+  const double a = e.a, b = e.b;
+  const bool widest = d > s_.max_abs;
+  if (widest) {
+    s_.max_abs = d;
+    s_.worst_abs = located(e, loc, where);
+    s_.has_worst_abs = true;
+  }
+  if (a != 0.0 && b != 0.0 && std::signbit(a) == std::signbit(b)) {
+    s_.max_rel = std::max(s_.max_rel, d / std::fabs(a));
+    if (e.ulp > s_.max_ulp) {
+      s_.max_ulp = e.ulp;
+      s_.worst_ulp = located(e, loc, where);
+      s_.has_worst_ulp = true;
+    }
+  } else if (d != 0.0) {
+    ++s_.cross_zero;
+  }
+  s_.sum_sq_a += a * a;
+  s_.sum_sq_diff += d * d;
+  return widest;
 }
 
 void StageAcc::add(const Elem& e, const Mismatch& loc, const std::function<std::string()>& where) {
   ++s_.compared;
   const bool na = std::isnan(e.a), nb = std::isnan(e.b);
-  bool ok = false;
+  bool ok = false, widest = false;
   if (na || nb) {
     // Exact: same bits, NaN or not (docs/numerics.md: NaN results are canonical on both sides,
     // so bit-identical NaNs are the contract). Otherwise a NaN equals a NaN only with nan_equal.
@@ -53,12 +115,7 @@ void StageAcc::add(const Elem& e, const Mismatch& loc, const std::function<std::
   } else {
     const double a = e.a, b = e.b;
     const double d = a == b ? 0.0 : std::fabs(a - b);
-    const double rel = d == 0.0 ? 0.0 : (a == 0.0 ? kInf : d / std::fabs(a));
-    s_.max_abs = std::max(s_.max_abs, d);
-    s_.max_rel = std::max(s_.max_rel, rel);
-    s_.max_ulp = std::max(s_.max_ulp, e.ulp);
-    s_.sum_sq_a += a * a;
-    s_.sum_sq_diff += d * d;
+    widest = stats(e, d, loc, where);
     ok = within(tol_, e, d, a);
   }
   if (ok) return;
@@ -68,8 +125,8 @@ void StageAcc::add(const Elem& e, const Mismatch& loc, const std::function<std::
   m.a_bits = e.a_bits;
   m.b_bits = e.b_bits;
   m.ulp = e.ulp;
-  if (s_.first.size() < kMaxMismatches) m.where = where();
-  record(std::move(m));
+  if (widest) m.where = s_.worst_abs.where;  // just located: no second string
+  record(std::move(m), where);
 }
 
 void StageAcc::add_q8(const BlockQ8_1& a, const BlockQ8_1& b, const Mismatch& loc,
@@ -79,20 +136,28 @@ void StageAcc::add_q8(const BlockQ8_1& a, const BlockQ8_1& b, const Mismatch& lo
   s_.compared += static_cast<int64_t>(sizeof(BlockQ8_1));
   for (size_t i = 0; i < sizeof(BlockQ8_1); ++i) {
     if (pa[i] == pb[i]) continue;
-    s_.max_abs = std::max(s_.max_abs, std::fabs(double(pa[i]) - double(pb[i])));
     Mismatch m = loc;
     m.a = pa[i];
     m.b = pb[i];
     m.a_bits = pa[i];
     m.b_bits = pb[i];
-    if (s_.first.size() < kMaxMismatches)
-      m.where =
-          where() + ", byte " + std::to_string(i) + " (" + q8_field_name(static_cast<int>(i)) + ")";
-    record(std::move(m));
+    auto byte_where = [&] {
+      return where() + ", byte " + std::to_string(i) + " (" + q8_field_name(static_cast<int>(i)) +
+             ")";
+    };
+    if (std::fabs(double(pa[i]) - double(pb[i])) > s_.max_abs) {
+      s_.max_abs = std::fabs(double(pa[i]) - double(pb[i]));
+      s_.worst_abs = m;
+      s_.worst_abs.where = byte_where();
+      s_.has_worst_abs = true;
+      m.where = s_.worst_abs.where;
+    }
+    record(std::move(m), byte_where);
   }
 }
 
 void StageAcc::finish(bool q8) {
+  std::sort_heap(s_.worst.begin(), s_.worst.end(), wider);  // ascending in `wider`: largest first
   if (s_.sum_sq_a > 0) s_.nmse = s_.sum_sq_diff / s_.sum_sq_a;
   else s_.nmse = s_.sum_sq_diff > 0 ? kInf : 0.0;
   if (tol_.mode == ToleranceMode::kNmse && !q8)

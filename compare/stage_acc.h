@@ -28,11 +28,16 @@ class StageAcc {
   // q8_1 blocks: bytes compared exactly in every mode (ref has none; emu and cuda must agree).
   void add_q8(const BlockQ8_1& a, const BlockQ8_1& b, const Mismatch& loc,
               const std::function<std::string()>& where);
-  // NMSE and the stage's pass (q8: byte equality whatever the mode).
+  // NMSE, the stage's pass (q8: byte equality whatever the mode), the worst list in order.
   void finish(bool q8);
 
  private:
-  void record(Mismatch m);
+  // Counts an out-of-tolerance element; keeps it among the first and the worst by |a - b|
+  // (`where` is asked only for an element that is kept).
+  void record(Mismatch m, const std::function<std::string()>& where);
+  // The statistics of a non-NaN pair with |a - b| = d; true when it is the new worst_abs.
+  bool stats(const Elem& e, double d, const Mismatch& loc,
+             const std::function<std::string()>& where);
 
   StageDiff& s_;
   const Tolerance& tol_;

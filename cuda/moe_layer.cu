@@ -87,13 +87,21 @@ void MoeLayer::Impl::reserve(int64_t T) {
   const int64_t q8 = static_cast<int64_t>(sizeof(BlockQ8_1));
   bool moved = false;
   auto need = [&moved](auto& buf, int64_t n) { moved |= buf.reserve(static_cast<size_t>(n)); };
+  // The routed buffers start zeroed: when the device route finds a miss or a NaN key it plans no
+  // group, and SwiGLU and the accumulation then read rows no MMVQ wrote (their results are
+  // discarded; the host raises the error). compute-sanitizer initcheck found this.
+  auto zeroed = [&moved](DevBuf& buf, int64_t n) {
+    if (!buf.reserve(static_cast<size_t>(n))) return;
+    moved = true;
+    MOECHECK_CUDA_CHECK(cudaMemset(buf.p, 0, buf.bytes));
+  };
   need(x, T * dim * 2);
   need(x_q8, T * dim / kQK8_1 * q8);
   need(logits, T * E * 4);
-  need(gu, 2 * P * inter * 4);
-  need(h, P * inter * 4);
-  need(h_q8, P * inter / kQK8_1 * q8);
-  need(down, P * dim * 4);
+  zeroed(gu, 2 * P * inter * 4);
+  zeroed(h, P * inter * 4);
+  zeroed(h_q8, P * inter / kQK8_1 * q8);
+  zeroed(down, P * dim * 4);
   for (DevBuf* b : {&sg, &su, &sh}) need(*b, T * inter * 4);
   need(shb, T * inter * 2);
   need(sh_q8, T * inter / kQK8_1 * q8);

@@ -11,7 +11,9 @@
 #include <stdexcept>
 
 #include "core/error.h"
+#include "golden/atomic_file.h"
 #include "golden/dump_hdf5.h"
+#include "golden/probe.h"
 #include "golden/sha256.h"
 
 namespace moecheck {
@@ -148,9 +150,9 @@ void put_layer(hid_t layers, const LayerTaps& t, const DumpMeta& m,
   if (!t.shared.tokens.empty()) put_expert(g.get(), "shared", t.shared, c, where + "/shared");
 }
 
-void write_file(const std::string& path, const Dump& d) {
+std::vector<uint8_t> dump_image(const Dump& d) {
   const DumpMeta& m = d.meta;
-  h5::Handle f = h5::create_file(path);
+  h5::Handle f = h5::create_image();
   const hid_t r = f.get();
   bool any_mask = false;
   for (const LayerTaps& t : d.layers) any_mask = any_mask || !t.image_mask.empty();
@@ -185,8 +187,8 @@ void write_file(const std::string& path, const Dump& d) {
   h5::Handle layers = h5::create_group(r, "layers", "/layers");
   for (size_t i = 0; i < d.layers.size(); ++i)
     put_layer(layers.get(), d.layers[i], m, d.slices.empty() ? nullptr : &d.slices[i]);
-  if (H5Fflush(r, H5F_SCOPE_GLOBAL) < 0)
-    throw std::runtime_error("HDF5 write failed: flush " + path);
+  layers.reset();
+  return h5::finish_image(f);
 }
 
 // ---- reading ----
@@ -402,23 +404,51 @@ void write_dump(const std::string& path, const Dump& d) {
     if (d.layers[i].layer != d.meta.layers[i])
       throw InputError("dump " + path + ": layer " + std::to_string(d.layers[i].layer) +
                        " out of order with meta.layers");
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  try {
-    write_file(tmp, d);
-    std::filesystem::rename(tmp, path);
-  } catch (...) {
-    std::error_code ec;
-    std::filesystem::remove(tmp, ec);
-    throw;
-  }
+  // Built in memory and stamped (golden/dump_hdf5.h), then written whole or not at all.
+  const std::vector<uint8_t> bytes = dump_image(d);
+  write_file_atomic(path, bytes.data(), bytes.size());
 }
 
-DumpMeta read_dump_meta(const std::string& path) {
+namespace {
+
+// A dump whose integrity stamp does not match (none, or not this file's) is read first in a probe
+// process (golden/probe.h): a file that crashes libhdf5 becomes an InputError there, never a
+// crash here.
+DumpMeta& meta_of(DumpMeta& m) { return m; }
+DumpMeta& meta_of(Dump& d) { return d.meta; }
+
+template <class F>
+auto read_guarded(const std::string& path, F read) {
+  const h5::Stamp st = h5::verify_stamp(path);
+  if (st != h5::Stamp::kMatch) probe_in_child(path, [&] { (void)read(); });
+  auto r = read();
+  DumpMeta& m = meta_of(r);
+  m.integrity = st == h5::Stamp::kMatch  ? "stamp matches"
+                : st == h5::Stamp::kNone ? "no stamp"
+                                         : "stamp does not match: changed since written";
+  return r;
+}
+
+DumpMeta read_meta_unguarded(const std::string& path) {
   h5::Reader rd(path);
   return get_meta(rd);
 }
 
+Dump read_dump_unguarded(const std::string& path);
+
+}  // namespace
+
+DumpMeta read_dump_meta(const std::string& path) {
+  return read_guarded(path, [&] { return read_meta_unguarded(path); });
+}
+
 Dump read_dump(const std::string& path) {
+  return read_guarded(path, [&] { return read_dump_unguarded(path); });
+}
+
+namespace {
+
+Dump read_dump_unguarded(const std::string& path) {
   h5::Reader rd(path);
   Dump d;
   d.path = path;
@@ -437,5 +467,7 @@ Dump read_dump(const std::string& path) {
   if (!any_slices) d.slices.clear();
   return d;
 }
+
+}  // namespace
 
 }  // namespace moecheck

@@ -27,6 +27,10 @@ inline constexpr int64_t kDumpFormatVersionImageMask = 3;
 
 struct DumpMeta {
   int64_t format_version = kDumpFormatVersion;
+  // Set by the readers, never written: "stamp matches" (exactly as moecheck wrote it), "no stamp"
+  // (an older moecheck or another writer), or "stamp does not match: changed since written"
+  // (edited, e.g. with h5py, or corrupted; read through the probe process). golden/dump_hdf5.h.
+  std::string integrity;
   std::string tool_version;    // MOECHECK_VERSION
   std::string git_commit;      // configure-time `git describe`, "unknown" outside a checkout
   std::string implementation;  // "ref" | "emu" | "cuda"

@@ -1,5 +1,5 @@
 // HDF5 helpers of the tensor dumps: typed writers with compression, validating readers.
-// Contract: docs/golden-format.md (variable-length UTF-8 string attributes, little-endian
+// Contract: docs/golden-format.md (fixed-size UTF-8 string attributes, little-endian
 // integers and IEEE f32, datasets chunked by rows with shuffle + deflate when available).
 #include "golden/dump_hdf5.h"
 
@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "core/error.h"
+#include "golden/sha256.h"
 
 namespace moecheck::h5 {
 namespace {
@@ -85,21 +86,82 @@ bool has_hdf5_signature(const std::string& path) {
   static const unsigned char kSig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) return false;
-  unsigned char b[8] = {};
-  const size_t n = std::fread(b, 1, 8, f);
+  unsigned char b[kUserBlock + 8] = {};
+  const size_t n = std::fread(b, 1, sizeof b, f);
   std::fclose(f);
-  return n == 8 && std::memcmp(b, kSig, 8) == 0;
+  return (n >= 8 && std::memcmp(b, kSig, 8) == 0) ||
+         (n == sizeof b && std::memcmp(b + kUserBlock, kSig, 8) == 0);
 }
 
-Handle create_file(const std::string& path) {
+namespace {
+
+// The stamp's text: magic, "size <n>\n", "sha256 <hex>\n", zero padding to kUserBlock.
+std::string stamp_text(uint64_t size, const std::string& hex) {
+  return std::string(kStampMagic) + "size " + std::to_string(size) + "\nsha256 " + hex + "\n";
+}
+
+std::vector<uint8_t> read_all(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) throw InputError(path + ": cannot open (" + std::strerror(errno) + ")");
+  std::vector<uint8_t> v;
+  uint8_t buf[1 << 16];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) v.insert(v.end(), buf, buf + n);
+  const bool err = std::ferror(f) != 0;
+  std::fclose(f);
+  if (err) throw InputError(path + ": read error");
+  return v;
+}
+
+}  // namespace
+
+Stamp verify_stamp(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) throw InputError(path + ": cannot open (" + std::strerror(errno) + ")");
+  char head[sizeof kStampMagic - 1] = {};
+  const size_t n = std::fread(head, 1, sizeof head, f);
+  std::fclose(f);
+  if (n != sizeof head || std::memcmp(head, kStampMagic, sizeof head) != 0) return Stamp::kNone;
+  const std::vector<uint8_t> bytes = read_all(path);
+  if (bytes.size() < kUserBlock) return Stamp::kMismatch;
+  const std::string want = stamp_text(bytes.size(), sha256_hex(bytes.data() + kUserBlock,
+                                                               bytes.size() - kUserBlock));
+  if (std::memcmp(bytes.data(), want.data(), want.size()) != 0) return Stamp::kMismatch;
+  for (size_t i = want.size(); i < kUserBlock; ++i)
+    if (bytes[i] != 0) return Stamp::kMismatch;
+  return Stamp::kMatch;
+}
+
+Handle create_image() {
   quiet_errors();
-  // The HDF5 1.8 object format: compact link storage for small groups (one per expert), read
-  // by every HDF5 >= 1.8 (h5py, h5dump).
+  // The core driver keeps the file in memory only. Version-0 superblock (low bound EARLIEST):
+  // the image of an open file with a v2 superblock (libver 1.8) carries the open-file status
+  // flags under a stale checksum in HDF5 1.10 and cannot be read back; v0 has no checksum.
+  // Read by every HDF5 >= 1.8 (h5py, h5dump).
   Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-  H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V18);
-  Handle f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
-  if (!f.valid()) write_fail("cannot create " + path);
+  H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_EARLIEST, H5F_LIBVER_V18);
+  H5Pset_fapl_core(fapl.get(), size_t{1} << 20, 0);
+  Handle fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
+  H5Pset_userblock(fcpl.get(), kUserBlock);
+  Handle f(H5Fcreate("moecheck-dump-image", H5F_ACC_TRUNC, fcpl.get(), fapl.get()), H5Fclose);
+  if (!f.valid()) write_fail("cannot create an in-memory HDF5 file");
   return f;
+}
+
+// H5Fget_file_image returns the file from its base address on (without the user block), which
+// is where the stamp goes.
+std::vector<uint8_t> finish_image(Handle& f) {
+  if (H5Fflush(f.get(), H5F_SCOPE_GLOBAL) < 0) write_fail("flushing the in-memory HDF5 file");
+  const ssize_t n = H5Fget_file_image(f.get(), nullptr, 0);
+  if (n <= 0) write_fail("reading the in-memory HDF5 file's size");
+  std::vector<uint8_t> bytes(kUserBlock + static_cast<size_t>(n));
+  if (H5Fget_file_image(f.get(), bytes.data() + kUserBlock, static_cast<size_t>(n)) != n)
+    write_fail("copying the in-memory HDF5 file");
+  f.reset();
+  const std::string stamp =
+      stamp_text(bytes.size(), sha256_hex(bytes.data() + kUserBlock, bytes.size() - kUserBlock));
+  std::memset(bytes.data(), 0, kUserBlock);
+  std::memcpy(bytes.data(), stamp.data(), stamp.size());
+  return bytes;
 }
 
 Handle create_group(hid_t parent, const std::string& name, const std::string& where) {
@@ -108,12 +170,15 @@ Handle create_group(hid_t parent, const std::string& name, const std::string& wh
   return g;
 }
 
+// Fixed-size strings (NUL-padded, at least one byte): libhdf5 1.10 crashes reading some corrupt
+// variable-length string attributes; fixed-size ones are plain bytes to it.
 void write_attr(hid_t obj, const std::string& name, const std::string& v) {
   Handle t(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(t.get(), H5T_VARIABLE);
+  H5Tset_size(t.get(), v.empty() ? 1 : v.size());
+  H5Tset_strpad(t.get(), H5T_STR_NULLPAD);
   H5Tset_cset(t.get(), H5T_CSET_UTF8);
-  const char* p = v.c_str();
-  put_attr(obj, name, t.get(), t.get(), &p, 1, true);
+  const std::string padded = v.empty() ? std::string(1, '\0') : v;
+  put_attr(obj, name, t.get(), t.get(), padded.data(), 1, true);
 }
 void write_attr(hid_t obj, const std::string& name, int64_t v) {
   put_attr(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &v, 1, true);

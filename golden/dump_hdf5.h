@@ -48,12 +48,28 @@ class Handle {
 // Turns HDF5's own error-stack printing off: every failure becomes one InputError instead.
 void quiet_errors();
 
-// True when the file starts with the HDF5 signature (\x89HDF\r\n\x1a\n at offset 0).
+// True when the file holds the HDF5 signature (\x89HDF\r\n\x1a\n) at offset 0 or, after a
+// user block, at offset kUserBlock.
 bool has_hdf5_signature(const std::string& path);
 
-// ---- writing (errors are std::runtime_error naming the path: they are I/O, not bad input) ----
+// The dumps' integrity stamp: moecheck writes every dump with a 512-byte HDF5 user block holding
+// kStampMagic, the file size and the SHA-256 of bytes [512, size) (docs/golden-format.md
+// "Integrity stamp"). A reader verifies it before libhdf5 sees a byte of the file: only a file
+// whose stamp matches (exactly what moecheck wrote) is opened in this process directly; any other
+// (no stamp: an older moecheck or another writer; a stamp that does not match: the file was
+// edited, e.g. with h5py, or corrupted) is read first in a probe process (golden/probe.h), since
+// libhdf5 1.10 crashes on some corrupt files.
+inline constexpr size_t kUserBlock = 512;
+inline constexpr char kStampMagic[] = "moecheck dump sha256\n";
+enum class Stamp { kNone, kMatch, kMismatch };
+Stamp verify_stamp(const std::string& path);
 
-Handle create_file(const std::string& path);
+// ---- writing: the file is built in memory (HDF5's core driver, no backing store), then
+// stamped and written by AtomicFile, so libhdf5 never writes to the disk ----
+
+Handle create_image();
+// Flushes and closes the in-memory file and returns its stamped bytes.
+std::vector<uint8_t> finish_image(Handle& f);
 Handle create_group(hid_t parent, const std::string& name, const std::string& where);
 
 void write_attr(hid_t obj, const std::string& name, const std::string& v);

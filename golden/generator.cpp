@@ -155,9 +155,11 @@ void GenOptions::validate() const {
   config.validate(where);
   if (n_layers < 1)
     throw InputError(where + ": n_layers must be at least 1, found " + std::to_string(n_layers));
-  if (alignment == 0 || (alignment & (alignment - 1)) != 0)
-    throw InputError(where + ": alignment must be a power of two, found " +
-                     std::to_string(alignment));
+  if (alignment < kMinGenAlignment || alignment > kMaxGenAlignment ||
+      (alignment & (alignment - 1)) != 0)
+    throw InputError(where + ": alignment must be a power of two in [" +
+                     std::to_string(kMinGenAlignment) + ", " + std::to_string(kMaxGenAlignment) +
+                     "], found " + std::to_string(alignment));
 }
 
 GenOptions preset_options(const std::string& preset) {
@@ -336,10 +338,12 @@ LayerWeights generate_layer(const GenOptions& o, int layer) {
   return w;
 }
 
-std::string write_model(const GenOptions& o, const std::string& path) {
+std::string write_model(const GenOptions& o, const std::string& path,
+                        const WriteProgress& progress) {
   o.validate();
   const MoeConfig& c = o.config;
   gguf::Writer w;
+  uint64_t done = 0, total = 0;  // tensor bytes produced; the file's size (set before writing)
   w.set_alignment(o.alignment);
   w.set(keys::kName, gguf::make_string("moecheck synthetic " + o.preset));
   add_config_metadata(w, c, o.n_layers);
@@ -349,8 +353,14 @@ std::string write_model(const GenOptions& o, const std::string& path) {
   w.set(keys::kGenFastBlocks, gguf::make_bool(o.blocks == ExpertBlocks::kRandomValid));
   auto add = [&](int L, LayerTensor t, uint64_t chunk, gguf::FillFn fill) {
     const TensorShape s = expected_tensor(c, t, o.shared);
+    gguf::FillFn counted = [&done, &total, &progress, f = std::move(fill)](
+                               uint64_t offset, uint8_t* out, uint64_t n) {
+      f(offset, out, n);
+      done += n;
+      if (progress) progress(done, total);
+    };
     w.add_tensor(gguf::TensorSpec{tensor_name(L, t), static_cast<uint32_t>(s.type), s.ne, chunk,
-                                  std::move(fill)});
+                                  std::move(counted)});
   };
   const uint64_t router_bytes = static_cast<uint64_t>(c.n_routed * c.dim * 2);
   const uint64_t bias_bytes = static_cast<uint64_t>(c.n_routed * 4);
@@ -380,6 +390,7 @@ std::string write_model(const GenOptions& o, const std::string& path) {
           [&o, L, p](uint64_t, uint8_t* out, uint64_t) { generate_shared(o, L, p, out); });
     }
   }
+  total = w.file_size();
   return w.write(path);
 }
 

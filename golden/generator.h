@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,15 @@ uint64_t stream_key(uint64_t seed, uint64_t a, uint64_t b, uint64_t c);
 enum class ExpertBlocks { kQuantized, kRandomValid };
 
 enum class Proj { kGate, kUp, kDown };
+
+// general.alignment of generated files: a power of two in [kMinGenAlignment, kMaxGenAlignment].
+// The reader takes any power of two (ggml's rule, for files from elsewhere); the generator writes
+// only alignments at which every tensor starts aligned for any GGUF scalar (8 bytes: the loader
+// views bf16 and f32 tensors in place, and at 1 or 2 it refuses them) and at most the largest
+// common page size (64 KiB), beyond which padding only wastes space (2^31 pads each of a layer's
+// tensors to 2 GiB). docs/gguf.md "Synthetic models".
+inline constexpr uint32_t kMinGenAlignment = 8;
+inline constexpr uint32_t kMaxGenAlignment = 65536;
 
 struct GenOptions {
   std::string preset = "tiny";
@@ -88,9 +98,12 @@ void generate_shared(const GenOptions& o, int layer, Proj p, uint8_t* out);
 
 // One layer in memory (keep_alive owns the buffers); no disk involved.
 LayerWeights generate_layer(const GenOptions& o, int layer);
+// Told (tensor bytes written so far, the file's size) as the tensors are produced: a progress bar.
+using WriteProgress = std::function<void(uint64_t done, uint64_t total)>;
 // Writes the whole model, streaming each tensor (one expert at a time for the stacks); returns
 // the file's SHA-256 (hex), computed as it is written.
-std::string write_model(const GenOptions& o, const std::string& path);
+std::string write_model(const GenOptions& o, const std::string& path,
+                        const WriteProgress& progress = {});
 
 // Token inputs x [tokens, dim] bf16, ~N(0, 1), from a seed of their own.
 std::vector<uint16_t> generate_input(uint64_t seed, int64_t tokens, int64_t dim);

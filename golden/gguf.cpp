@@ -4,6 +4,7 @@
 // ggml-org/ggml at d99724f2).
 #include "golden/gguf.h"
 
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -117,14 +118,26 @@ Value make_array(ValueType elem_type, std::vector<Value> items) {
   return r;
 }
 
+namespace {
+
+// Every float in full (9 significant digits round-trip an f32, 17 an f64): std::to_string's "%f"
+// shows 1e-20 as 0.000000.
+std::string float_text(double v, int digits) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+  return buf;
+}
+
+}  // namespace
+
 std::string describe(const Value& v) {
   switch (v.type) {
     case ValueType::kString: return "string \"" + v.str + "\"";
     case ValueType::kArray:
       return std::string("array<") + type_name(v.elem_type) + ">[" +
              std::to_string(v.items.size()) + "]";
-    case ValueType::kFloat32: return "float32 " + std::to_string(v.as_f32());
-    case ValueType::kFloat64: return "float64 " + std::to_string(v.as_f64());
+    case ValueType::kFloat32: return "float32 " + float_text(v.as_f32(), 9);
+    case ValueType::kFloat64: return "float64 " + float_text(v.as_f64(), 17);
     case ValueType::kBool: return v.bits ? "bool true" : "bool false";
     case ValueType::kInt8:
     case ValueType::kInt16:

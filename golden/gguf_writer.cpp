@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "golden/atomic_file.h"
 #include "golden/gguf.h"
 #include "golden/sha256.h"
 
@@ -145,53 +146,39 @@ uint64_t Writer::file_size() const {
 }
 
 std::string Writer::write(const std::string& path) const {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw InputError(path + ": cannot create " + tmp + ": " + std::strerror(errno));
-  Sha256 digest;  // of the bytes as they go out: the file's SHA-256 with no second pass
-  try {
-    auto put = [&](const uint8_t* p, uint64_t n) {
-      if (n > 0 && std::fwrite(p, 1, static_cast<size_t>(n), f) != n)
-        throw InputError(path + ": write to " + tmp + " failed: " + std::strerror(errno));
-      digest.update(p, static_cast<size_t>(n));
-    };
-    const std::vector<uint8_t> header = header_bytes();
-    put(header.data(), header.size());
-    const uint64_t align = alignment();
-    uint64_t max_chunk = 0;
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      const uint64_t chunk = tensors_[i].chunk_bytes ? tensors_[i].chunk_bytes : kDefaultChunkBytes;
-      max_chunk = std::max(max_chunk, std::min(chunk, nbytes_[i]));
-    }
-    std::vector<uint8_t> buf(static_cast<size_t>(max_chunk));
-    const std::vector<uint8_t> zeros(4096, 0);
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      const TensorSpec& t = tensors_[i];
-      const uint64_t chunk = t.chunk_bytes ? t.chunk_bytes : kDefaultChunkBytes;
-      for (uint64_t at = 0; at < nbytes_[i]; at += chunk) {
-        const uint64_t n = std::min(chunk, nbytes_[i] - at);
-        t.fill(at, buf.data(), n);
-        put(buf.data(), n);
-      }
-      // Alignment may be large (any power of two up to 2^31), so padding goes out in pieces.
-      for (uint64_t pad = pad_to(nbytes_[i], align) - nbytes_[i]; pad > 0;) {
-        const uint64_t n = std::min<uint64_t>(pad, zeros.size());
-        put(zeros.data(), n);
-        pad -= n;
-      }
-    }
-    if (std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0)
-      throw InputError(path + ": flushing " + tmp + " failed: " + std::strerror(errno));
-    const int rc = std::fclose(f);
-    f = nullptr;
-    if (rc != 0) throw InputError(path + ": closing " + tmp + " failed: " + std::strerror(errno));
-    if (std::rename(tmp.c_str(), path.c_str()) != 0)
-      throw InputError(path + ": renaming " + tmp + " failed: " + std::strerror(errno));
-  } catch (...) {
-    if (f) std::fclose(f);
-    std::remove(tmp.c_str());
-    throw;
+  AtomicFile f(path);  // temp + write(2) + fsync + rename; removed on any failure
+  Sha256 digest;       // of the bytes as they go out: the file's SHA-256 with no second pass
+  auto put = [&](const uint8_t* p, uint64_t n) {
+    if (n == 0) return;
+    f.write(p, static_cast<size_t>(n));
+    digest.update(p, static_cast<size_t>(n));
+  };
+  const std::vector<uint8_t> header = header_bytes();
+  put(header.data(), header.size());
+  const uint64_t align = alignment();
+  uint64_t max_chunk = 0;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const uint64_t chunk = tensors_[i].chunk_bytes ? tensors_[i].chunk_bytes : kDefaultChunkBytes;
+    max_chunk = std::max(max_chunk, std::min(chunk, nbytes_[i]));
   }
+  std::vector<uint8_t> buf(static_cast<size_t>(max_chunk));
+  const std::vector<uint8_t> zeros(4096, 0);
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const TensorSpec& t = tensors_[i];
+    const uint64_t chunk = t.chunk_bytes ? t.chunk_bytes : kDefaultChunkBytes;
+    for (uint64_t at = 0; at < nbytes_[i]; at += chunk) {
+      const uint64_t n = std::min(chunk, nbytes_[i] - at);
+      t.fill(at, buf.data(), n);
+      put(buf.data(), n);
+    }
+    // Alignment may be large (any power of two up to 2^31), so padding goes out in pieces.
+    for (uint64_t pad = pad_to(nbytes_[i], align) - nbytes_[i]; pad > 0;) {
+      const uint64_t n = std::min<uint64_t>(pad, zeros.size());
+      put(zeros.data(), n);
+      pad -= n;
+    }
+  }
+  f.commit();
   return to_hex(digest.finish());
 }
 

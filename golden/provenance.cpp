@@ -1,11 +1,13 @@
 // Per-tensor and per-expert-slice SHA-256 of a model file (golden/provenance.h). A stacked
 // tensor's expert e is the byte range [e * nbytes / n_experts, (e + 1) * nbytes / n_experts) of
-// the tensor (llama.cpp's layout: ne[2] experts of ne[0] x ne[1]).
+// the tensor (llama.cpp's layout: ne[2] experts of ne[0] x ne[1]). The first read of each piece
+// also refuses non-finite weights (golden/finite_check.h).
 #include "golden/provenance.h"
 
 #include <algorithm>
 
 #include "core/error.h"
+#include "golden/finite_check.h"
 #include "golden/sha256.h"
 
 namespace moecheck {
@@ -64,6 +66,8 @@ std::string SliceHasher::slice(int layer, LayerTensor t, int32_t expert) {
     n = ti->nbytes / static_cast<uint64_t>(n_exp);
     p += static_cast<uint64_t>(expert) * n;
   }
+  // The first read of this piece: its values must be finite (golden/finite_check.h).
+  check_finite_slice(m_.path(), slice_name(layer, t, expert), ti->type, ti->ne[0], p, n);
   const std::string h = sha256_hex(p, static_cast<size_t>(n));
   std::lock_guard<std::mutex> lock(mu_);
   cache_[key] = h;

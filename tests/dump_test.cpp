@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "dump_test_util.h"
 #include "golden/dump.h"
+#include "golden/dump_hdf5.h"
 
 namespace moecheck {
 namespace {
@@ -160,7 +161,16 @@ TEST_F(DumpTest, WrongStageSizeIsInputErrorAndNoFile) {
   EXPECT_TRUE(fs::is_empty(dir_)) << "a temporary file was left behind";
 }
 
-// Edits a written dump with the HDF5 API, then expects read_dump to name `needle`.
+// Zeroes a dump's user block: the file as an older moecheck (no integrity stamp) wrote it.
+void unstamp(const std::string& file) {
+  std::FILE* f = std::fopen(file.c_str(), "r+b");
+  ASSERT_NE(f, nullptr) << file;
+  const std::vector<char> zeros(h5::kUserBlock, 0);
+  ASSERT_EQ(std::fwrite(zeros.data(), 1, zeros.size(), f), zeros.size());
+  std::fclose(f);
+}
+
+// Expects read_dump to throw an InputError naming the file and `needle`.
 void expect_read_error(const std::string& file, const std::string& needle) {
   try {
     read_dump(file);
@@ -170,6 +180,17 @@ void expect_read_error(const std::string& file, const std::string& needle) {
     EXPECT_NE(msg.find(file), std::string::npos) << msg;
     EXPECT_NE(msg.find(needle), std::string::npos) << msg;
   }
+}
+
+// After an edit with the HDF5 API a dump's integrity stamp no longer matches: the reader reads it
+// through the probe process and names `needle`; with the stamp removed (an unstamped dump, as
+// older moecheck versions wrote) the same.
+void expect_edited_read_error(const std::string& file, const std::string& needle) {
+  EXPECT_EQ(h5::verify_stamp(file), h5::Stamp::kMismatch) << file;
+  expect_read_error(file, needle);
+  unstamp(file);
+  EXPECT_EQ(h5::verify_stamp(file), h5::Stamp::kNone) << file;
+  expect_read_error(file, needle);
 }
 
 TEST_F(DumpTest, ReaderNamesMissingDatasetAttributeAndWrongType) {
@@ -182,7 +203,7 @@ TEST_F(DumpTest, ReaderNamesMissingDatasetAttributeAndWrongType) {
     ASSERT_GE(H5Ldelete(f, "/layers/1/output", H5P_DEFAULT), 0);
     H5Fclose(f);
   }
-  expect_read_error(p, "/layers/1/output: missing dataset");
+  expect_edited_read_error(p, "/layers/1/output: missing dataset");
 
   write_dump(p, d);
   {
@@ -190,7 +211,7 @@ TEST_F(DumpTest, ReaderNamesMissingDatasetAttributeAndWrongType) {
     ASSERT_GE(H5Adelete(f, "config.topk"), 0);
     H5Fclose(f);
   }
-  expect_read_error(p, "missing attribute config.topk");
+  expect_edited_read_error(p, "missing attribute config.topk");
 
   write_dump(p, d);
   {
@@ -207,7 +228,7 @@ TEST_F(DumpTest, ReaderNamesMissingDatasetAttributeAndWrongType) {
     H5Sclose(sp);
     H5Fclose(f);
   }
-  expect_read_error(p, "/layers/0/topk_ids: expected element type int32");
+  expect_edited_read_error(p, "/layers/0/topk_ids: expected element type int32");
 
   write_dump(p, d);
   {
@@ -219,7 +240,7 @@ TEST_F(DumpTest, ReaderNamesMissingDatasetAttributeAndWrongType) {
     H5Dclose(ds);
     H5Fclose(f);
   }
-  expect_read_error(p, "token 1: expert id 99 outside [0, 8)");
+  expect_edited_read_error(p, "token 1: expert id 99 outside [0, 8)");
 }
 
 // The image mask (an input of the routing: bias_vl for image-span tokens) round-trips with or
@@ -269,7 +290,7 @@ TEST_F(DumpTest, BadImageMaskIsRefusedOnWriteAndRead_T3) {
     H5Dclose(ds);
     H5Fclose(f);
   }
-  expect_read_error(p, "/layers/2/image_mask: token 1: expected 0 or 1, found 7");
+  expect_edited_read_error(p, "/layers/2/image_mask: token 1: expected 0 or 1, found 7");
   write_dump(p, d);
   {
     hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
@@ -279,7 +300,7 @@ TEST_F(DumpTest, BadImageMaskIsRefusedOnWriteAndRead_T3) {
     H5Aclose(a);
     H5Fclose(f);
   }
-  expect_read_error(p, "/layers/2/image_mask: an image mask needs format_version 3");
+  expect_edited_read_error(p, "/layers/2/image_mask: an image mask needs format_version 3");
 }
 
 // The committed golden set is format version 1 (whole-file digest, no per-slice provenance):

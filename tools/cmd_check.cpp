@@ -9,9 +9,11 @@
 
 #include "compare/check.h"
 #include "core/error.h"
+#include "golden/adversarial.h"
 #include "golden/generator.h"
 #include "tools/check_render.h"
 #include "tools/commands.h"
+#include "tools/preflight.h"
 #include "tools/progress.h"
 #include "tools/runner.h"
 
@@ -32,6 +34,7 @@ struct CheckArgs {
   std::string image_tokens;
   std::string route = "host";
   bool route_given = false;
+  bool precision_given = false;
 };
 
 // The implementations asked for, in the order they run.
@@ -99,7 +102,50 @@ void run_impls(const LoadedModel& m, const CheckArgs& a, bool impls_given, Check
   in.ref_exact = spec.knobs.precision == RefPrecision::kExact;
 }
 
+// --precision sets the ref run's knob; refused when --impls does not run ref (it would change
+// nothing).
+void refuse_foreign_precision(const CheckArgs& a) {
+  if (!a.precision_given) return;
+  const std::vector<Impl> wanted = wanted_impls(a.impls);
+  if (std::find(wanted.begin(), wanted.end(), Impl::kRef) == wanted.end())
+    refuse_knob("--precision", a.precision, "ref", "precision",
+                "--impls " + a.impls + " does not run it");
+}
+
+// The check's dominant allocations (docs/cli.md "Checks before any work"): every implementation's
+// dump with taps, the Exact reference's taps per other implementation, the file image of one
+// --keep dump while it is written, and the layer in flight (the Exact reference's f64 working set
+// and its taps).
+void require_check_memory(const CheckArgs& a, const MoeConfig& c, int64_t n_layers) {
+  uint64_t runs = 0;
+  bool ref = false;
+  for (Impl i : wanted_impls(a.impls)) {
+    if (!impl_available(i, nullptr)) continue;
+    ++runs;
+    ref = ref || i == Impl::kRef;
+  }
+  const uint64_t exact = ref && runs > 1 ? runs - 1 : 0, image = a.keep.empty() ? 0 : 1;
+  const uint64_t L =
+      a.layers.empty() ? static_cast<uint64_t>(n_layers) : parse_layer_list(a.layers).size();
+  const uint64_t T =
+      static_cast<uint64_t>(a.tokens + (a.adversarial == "on" ? kAdversarialTokens : 0));
+  const uint64_t tap = tap_bytes_per_token(c);
+  MemoryNeed need;
+  need.bytes = (runs + exact + image) * L * T * tap + 3 * T * tap;
+  need.how = "(" + std::to_string(runs) + " dump(s) + " + std::to_string(exact) +
+             " Exact-reference tap set(s)" + (image ? " + 1 --keep file image" : "") + ") x " +
+             std::to_string(L) + " layer(s) x " + std::to_string(T) + " token(s) x " +
+             bytes_text(tap) + " + 3 x " + std::to_string(T) + " x " + bytes_text(tap) +
+             " (the layer in flight)";
+  require_memory("--tokens", std::to_string(a.tokens), need);
+}
+
 int run_check(const CheckArgs& a, bool impls_given) {
+  refuse_foreign_precision(a);
+  const std::vector<std::string> kept = {"ref.h5", "emu.h5", "cuda.h5"};
+  if (!a.keep.empty()) require_output_dir("--keep", a.keep, kept, {{"--model", a.model}});
+  if (a.model.empty())
+    require_check_memory(a, default_model_options().config, default_model_options().n_layers);
   std::unique_ptr<TempDir> tmp;
   std::string model_path = a.model;
   std::string model_note = a.model;
@@ -112,6 +158,7 @@ int run_check(const CheckArgs& a, bool impls_given) {
                  " layers, seed " + std::to_string(o.seed) + ")";
   }
   const LoadedModel m = load_model(model_path, a.hash_file);
+  if (!a.model.empty()) require_check_memory(a, m.file.config(), m.file.n_layers());
   CheckInputs in;
   run_impls(m, a, impls_given, in);
   if (!a.keep.empty()) {
@@ -166,11 +213,12 @@ void add_check(CLI::App& app, int& rc) {
   s->add_option("--layers", a->layers, "layers, e.g. 0,2-5 (default: all)");
   s->add_option("--input-seed", a->input_seed, "seed of the generated inputs")
       ->capture_default_str();
-  s->add_option(
-       "--precision", a->precision,
-       "precision of the reference run whose NMSE is shown (the verdict always uses Exact)")
-      ->check(CLI::IsMember({"model", "exact"}))
-      ->capture_default_str();
+  CLI::Option* precision =
+      s->add_option(
+           "--precision", a->precision,
+           "precision of the reference run whose NMSE is shown (the verdict always uses Exact)")
+          ->check(CLI::IsMember({"model", "exact"}))
+          ->capture_default_str();
   s->add_option("--keep", a->keep,
                 "write each implementation's dump (with taps) into this directory");
   s->add_option(
@@ -191,8 +239,9 @@ void add_check(CLI::App& app, int& rc) {
   s->add_flag("--hash-file", a->hash_file,
               "also record the whole model file's SHA-256 in the dumps (reads the whole file)");
   s->add_flag("--json", a->json, "machine-readable output");
-  s->callback([a, impls, route, &rc] {
+  s->callback([a, impls, route, precision, &rc] {
     a->route_given = route->count() > 0;
+    a->precision_given = precision->count() > 0;
     rc = run_check(*a, impls->count() > 0);
   });
 }

@@ -1,5 +1,6 @@
 // `moecheck diff A.h5 B.h5`: stage-by-stage comparison of two dumps under one tolerance.
 // Contract: docs/cli.md "diff".
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -51,11 +52,38 @@ struct Given {
   CLI::Option *ulp, *rtol, *atol, *nmse;
 };
 
+// A tolerance must be a finite number >= 0: a negative one fails everything, NaN fails every
+// comparison, infinity passes everything (docs/cli.md "diff", Rules).
+void require_tolerance(const char* flag, double v, const CLI::Option* given) {
+  if (given->count() == 0 || (std::isfinite(v) && v >= 0)) return;
+  throw InputError(std::string(flag) + " " + given->as<std::string>() +
+                   ": expected a finite number >= 0");
+}
+
+// --rtol and --atol come together: |a-b| <= atol + rtol |a| has no default for either (numpy's
+// atol 1e-8 would be a silent choice; 0 fails every pair across zero), so both are written out.
+void require_both_tolerances(const Given& g) {
+  if ((g.rtol->count() > 0) == (g.atol->count() > 0)) return;
+  const bool rtol = g.rtol->count() > 0;
+  throw InputError(std::string(rtol ? "--rtol " : "--atol ") +
+                   (rtol ? g.rtol : g.atol)->as<std::string>() + ": give --" +
+                   (rtol ? "atol" : "rtol") +
+                   " too (the rule is |a-b| <= atol + rtol*|a|; write --" +
+                   (rtol ? "atol" : "rtol") + " 0 to leave that term out)");
+}
+
 int run_diff(const DiffArgs& a, const Given& g) {
   Tolerance t;
   int modes = (a.exact ? 1 : 0) + (g.ulp->count() ? 1 : 0) +
               (g.rtol->count() || g.atol->count() ? 1 : 0) + (g.nmse->count() ? 1 : 0);
   if (modes > 1) throw InputError("choose one of --exact, --ulp, --rtol/--atol, --nmse");
+  // CLI11 reads "-1" into the unsigned --ulp as 2^64 - 1 (every pair would pass): refused.
+  if (g.ulp->count() > 0 && g.ulp->as<std::string>().find('-') != std::string::npos)
+    throw InputError("--ulp " + g.ulp->as<std::string>() + ": expected a whole number >= 0");
+  require_tolerance("--rtol", a.rtol, g.rtol);
+  require_tolerance("--atol", a.atol, g.atol);
+  require_tolerance("--nmse", a.nmse, g.nmse);
+  require_both_tolerances(g);
   if (g.ulp->count()) {
     t.mode = ToleranceMode::kUlp;
     t.ulp = a.ulp;
@@ -118,9 +146,9 @@ void add_diff(CLI::App& app, int& rc) {
   Given g;
   g.ulp = s->add_option("--ulp", a->ulp,
                         "at most N ULPs apart (bf16 ULPs for bf16 stages, f32 for f32)");
-  g.rtol = s->add_option("--rtol", a->rtol, "relative tolerance (with --atol)");
-  g.atol = s->add_option("--atol", a->atol, "absolute tolerance (with --rtol)");
-  g.nmse = s->add_option("--nmse", a->nmse, "per-stage NMSE bound");
+  g.rtol = s->add_option("--rtol", a->rtol, "relative tolerance >= 0 (requires --atol)");
+  g.atol = s->add_option("--atol", a->atol, "absolute tolerance >= 0 (requires --rtol)");
+  g.nmse = s->add_option("--nmse", a->nmse, "per-stage NMSE bound >= 0");
   s->add_flag("--nan-equal", a->nan_equal, "NaN equals NaN");
   s->add_option("--model", a->model,
                 "the dumps' model: routing margins in keys (score + bias) instead of logits");

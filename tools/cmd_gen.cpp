@@ -3,9 +3,12 @@
 #include <cstdio>
 #include <memory>
 
+#include "core/error.h"
 #include "golden/generator.h"
 #include "tools/commands.h"
 #include "tools/json.h"
+#include "tools/preflight.h"
+#include "tools/progress.h"
 
 namespace moecheck::cli {
 namespace {
@@ -22,7 +25,19 @@ struct GenArgs {
   bool json = false;
 };
 
+// general.alignment: a power of two in the range the generator writes (golden/generator.h: the
+// loader views tensors in place, so 1 and 2 make a model `run` refuses; 2^31 makes 2 GiB of
+// padding per tensor).
+void require_alignment(uint32_t a) {
+  if (a >= kMinGenAlignment && a <= kMaxGenAlignment && (a & (a - 1)) == 0) return;
+  throw InputError("--alignment " + std::to_string(a) + ": expected a power of two in [" +
+                   std::to_string(kMinGenAlignment) + ", " + std::to_string(kMaxGenAlignment) +
+                   "] (docs/gguf.md \"Synthetic models\")");
+}
+
 int run_gen(const GenArgs& a) {
+  require_alignment(a.alignment);
+  require_output_file("-o", a.out, {});
   GenOptions o = preset_options(a.preset);
   if (a.layers > 0) o.n_layers = a.layers;
   o.seed = a.seed;
@@ -33,7 +48,15 @@ int run_gen(const GenArgs& a) {
   o.alignment = a.alignment;
   o.vision = a.vision;
   o.validate();
-  const std::string sha = write_model(o, a.out);  // hashed as written: no second pass
+  std::string sha;
+  {
+    // Bytes as MiB: a ds41 layer is 4.9 GB and takes about 35 s on two cores.
+    Progress p("gen " + o.preset, 0, !a.json);
+    sha = write_model(o, a.out, [&p](uint64_t done, uint64_t total) {
+      p.set_total(static_cast<int64_t>(total >> 20));
+      p.update(static_cast<int64_t>(done >> 20), "MiB");
+    });  // hashed as written: no second pass
+  }
   const MoeConfig& c = o.config;
   if (a.json) {
     Json j;
@@ -84,7 +107,7 @@ void add_gen(CLI::App& app, int& rc) {
                 "routed expert blocks: quantized (reference quantisers) | random (valid random "
                 "blocks, fast)")
       ->check(CLI::IsMember({"quantized", "random"}));
-  s->add_option("--alignment", a->alignment, "general.alignment (power of two)")
+  s->add_option("--alignment", a->alignment, "general.alignment: a power of two in [8, 65536]")
       ->capture_default_str();
   s->add_flag(
       "--vision", a->vision,

@@ -11,21 +11,36 @@
 #include "golden/generator.h"
 #include "golden/golden_set.h"
 #include "tools/commands.h"
+#include "tools/preflight.h"
 #include "tools/progress.h"
 #include "tools/report.h"
 #include "tools/runner.h"
-
-#ifndef MOECHECK_GOLDEN_DIR
-#define MOECHECK_GOLDEN_DIR "golden/data"
-#endif
 
 namespace moecheck::cli {
 namespace {
 
 struct GoldenArgs {
-  std::string data = MOECHECK_GOLDEN_DIR;
+  std::string data;  // empty: found at run time (golden_data_dir)
   bool json = false;
 };
+
+// --data, or the golden set of the source tree around the current directory: the first
+// golden/data/manifest.txt in the current directory or a directory above it (as git finds .git).
+// A build's own source path is not used: the binary may be run from another checkout or copied.
+std::string golden_data_dir(const GoldenArgs& a) {
+  if (!a.data.empty()) return a.data;
+  namespace fs = std::filesystem;
+  const fs::path cwd = fs::current_path();
+  for (fs::path at = cwd;; at = at.parent_path()) {
+    if (fs::exists(at / "golden" / "data" / kGoldenManifestName))
+      return (at / "golden" / "data").string();
+    if (at == at.parent_path()) break;
+  }
+  throw InputError(std::string("--data: not given, and no golden/data/") + kGoldenManifestName +
+                   " in " + cwd.string() +
+                   " or a directory above it; run inside the moecheck source tree or give "
+                   "--data DIR");
+}
 
 RunSpec golden_spec(const GoldenModel& g, Impl impl) {
   RunSpec s;
@@ -49,7 +64,9 @@ LoadedModel regenerate(const GoldenModel& g, const TempDir& tmp) {
   return m;
 }
 
-int golden_verify(const GoldenArgs& a) {
+int golden_verify(const GoldenArgs& args) {
+  GoldenArgs a = args;
+  a.data = golden_data_dir(args);
   const std::string manifest_path = a.data + "/" + kGoldenManifestName;
   const GoldenManifest man = read_manifest(manifest_path);
   for (const char* impl : kGoldenImpls) {
@@ -85,9 +102,11 @@ int golden_verify(const GoldenArgs& a) {
         j.end_object();
         continue;
       }
-      std::printf("%s %s: %s (%s, %zu layer(s) x %lld seeded + %lld adversarial token(s))\n", g.name.c_str(),
-                  impl, r.same ? "same" : "DIFFERS", golden_tolerance(impl).describe().c_str(), r.layers.size(),
-                  static_cast<long long>(g.tokens), static_cast<long long>(golden.meta.tokens - g.tokens));
+      std::printf("%s %s: %s (%s, %zu layer(s) x %lld seeded + %lld adversarial token(s))\n",
+                  g.name.c_str(), impl, r.same ? "same" : "DIFFERS",
+                  golden_tolerance(impl).describe().c_str(), r.layers.size(),
+                  static_cast<long long>(g.tokens),
+                  static_cast<long long>(golden.meta.tokens - g.tokens));
       if (!r.same) std::printf("%s", diff_text(r).c_str());
     }
   }
@@ -100,21 +119,58 @@ int golden_verify(const GoldenArgs& a) {
   return same ? kExitSame : kExitDiffers;
 }
 
-int golden_update(const GoldenArgs& a) {
-  std::filesystem::create_directories(a.data);
+// Writes `fresh` to `out` unless the file already holds that content (same_golden_content: the
+// build's commit and version are not content), so that an update rewrites only what changed.
+// Returns whether it wrote.
+bool update_dump(const std::string& out, const Dump& fresh) {
+  if (std::filesystem::exists(out)) {
+    try {
+      if (same_golden_content(read_dump(out), fresh)) return false;
+    } catch (const InputError&) {  // unreadable or malformed: replaced
+    }
+  }
+  write_dump(out, fresh);
+  return true;
+}
+
+bool same_manifest(const GoldenManifest& a, const GoldenManifest& b) {
+  if (a.format != b.format || a.models.size() != b.models.size()) return false;
+  for (size_t i = 0; i < a.models.size(); ++i) {
+    const GoldenModel &x = a.models[i], &y = b.models[i];
+    if (x.name != y.name || x.preset != y.preset || x.layers != y.layers || x.seed != y.seed ||
+        x.tokens != y.tokens || x.input_seed != y.input_seed || x.gguf_sha256 != y.gguf_sha256)
+      return false;
+  }
+  return true;
+}
+
+int golden_update(const GoldenArgs& args) {
+  GoldenArgs a = args;
+  a.data = golden_data_dir(args);
   const std::string manifest_path = a.data + "/" + kGoldenManifestName;
-  GoldenManifest man =
-      std::filesystem::exists(manifest_path) ? read_manifest(manifest_path) : default_manifest();
+  const bool had_manifest = std::filesystem::exists(manifest_path);
+  const GoldenManifest old = had_manifest ? read_manifest(manifest_path) : default_manifest();
+  std::vector<std::string> targets = {kGoldenManifestName};
+  for (const GoldenModel& g : old.models)
+    for (const char* impl : kGoldenImpls) targets.push_back(golden_dump_name(g, impl));
+  require_output_dir("--data", a.data, targets, {});
+  std::filesystem::create_directories(a.data);
+  GoldenManifest man = old;
   for (GoldenModel& g : man.models) {
     TempDir tmp;
     const LoadedModel m = regenerate(g, tmp);
     g.gguf_sha256 = m.sha256;
     for (const char* impl : kGoldenImpls) {
       const std::string out = a.data + "/" + golden_dump_name(g, impl);
-      write_dump(out, run_layers(m, golden_spec(g, parse_impl(impl, "golden")), nullptr));
-      std::printf("wrote %s (%lld bytes)\n", out.c_str(),
-                  static_cast<long long>(std::filesystem::file_size(out)));
+      if (update_dump(out, run_layers(m, golden_spec(g, parse_impl(impl, "golden")), nullptr)))
+        std::printf("wrote %s (%lld bytes)\n", out.c_str(),
+                    static_cast<long long>(std::filesystem::file_size(out)));
+      else std::printf("unchanged %s (same content; left untouched)\n", out.c_str());
     }
+  }
+  if (had_manifest && same_manifest(old, man)) {
+    std::printf("unchanged %s\n", manifest_path.c_str());
+    return kExitSame;
   }
   write_manifest(manifest_path, man);
   std::printf("wrote %s\n", manifest_path.c_str());
@@ -134,11 +190,14 @@ void add_golden(CLI::App& app, int& rc) {
       "recorded.\n"
       "Exit codes: 0 verified / written, 1 differs, 2 error.");
   CLI::App* v = s->add_subcommand("verify", "Regenerate and compare with the committed dumps");
-  v->add_option("--data", a->data, "golden set directory")->capture_default_str();
+  const char* data_help =
+      "golden set directory (default: golden/data of the source tree around the current "
+      "directory)";
+  v->add_option("--data", a->data, data_help);
   v->add_flag("--json", a->json, "machine-readable output");
   v->callback([a, &rc] { rc = golden_verify(*a); });
   CLI::App* u = s->add_subcommand("update", "Regenerate the dumps and the manifest's SHA-256");
-  u->add_option("--data", a->data, "golden set directory")->capture_default_str();
+  u->add_option("--data", a->data, data_help);
   u->callback([a, &rc] { rc = golden_update(*a); });
 }
 

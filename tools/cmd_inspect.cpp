@@ -21,10 +21,50 @@ struct InspectArgs {
   bool json = false;
 };
 
-std::string shape(std::initializer_list<int64_t> d) {
+std::string shape(const std::vector<int64_t>& d) {
   std::string s = "[";
   for (int64_t x : d) s += (s.size() > 1 ? ", " : "") + std::to_string(x);
   return s + "]";
+}
+
+Json& shape_json(Json& j, const std::vector<int64_t>& d) {
+  j.begin_array();
+  for (int64_t x : d) j.value(x);
+  return j.end_array();
+}
+
+// Arrays in --json list at most this many elements (a tokenizer's vocabulary has 10^5).
+constexpr size_t kMaxArrayValues = 64;
+
+void scalar_json(Json& j, const gguf::Value& v) {
+  using gguf::ValueType;
+  switch (v.type) {
+    case ValueType::kString: j.value(v.str); break;
+    case ValueType::kBool: j.value(v.as_bool()); break;
+    case ValueType::kFloat32: j.value(static_cast<double>(v.as_f32())); break;
+    case ValueType::kFloat64: j.value(v.as_f64()); break;
+    case ValueType::kInt8:
+    case ValueType::kInt16:
+    case ValueType::kInt32:
+    case ValueType::kInt64: j.value(v.as_int()); break;
+    default: j.value(v.as_uint());
+  }
+}
+
+// A metadata value as JSON: {"type", "value"} with the value a JSON number, string or bool;
+// an array {"type": "array", "elem_type", "count", "values": the first kMaxArrayValues}.
+void value_json(Json& j, const gguf::Value& v) {
+  j.begin_object().kv("type", gguf::type_name(v.type));
+  if (v.type != gguf::ValueType::kArray) {
+    scalar_json(j.key("value"), v);
+    j.end_object();
+    return;
+  }
+  j.kv("elem_type", gguf::type_name(v.elem_type))
+      .kv("count", static_cast<uint64_t>(v.items.size()));
+  j.key("values").begin_array();
+  for (size_t i = 0; i < v.items.size() && i < kMaxArrayValues; ++i) scalar_json(j, v.items[i]);
+  j.end_array().end_object();
 }
 
 void config_lines(const MoeConfig& c, Json* j) {
@@ -46,8 +86,7 @@ void config_lines(const MoeConfig& c, Json* j) {
   }
   std::printf(
       "config: dim %lld, inter %lld, %lld routed experts, top %lld, %lld shared, %s, route_scale "
-      "%g, "
-      "swiglu_limit %g, gate_temp %g, norm_topk_prob %s\n",
+      "%.9g, swiglu_limit %.9g, gate_temp %.9g, norm_topk_prob %s\n",
       static_cast<long long>(c.dim), static_cast<long long>(c.inter),
       static_cast<long long>(c.n_routed), static_cast<long long>(c.topk),
       static_cast<long long>(c.n_shared), to_string(c.score_func).c_str(), double(c.route_scale),
@@ -72,14 +111,12 @@ int inspect_gguf(const InspectArgs& a) {
         .kv("version", static_cast<int64_t>(r.version()));
     j.kv("alignment", static_cast<int64_t>(r.alignment())).kv("file_size", r.file_size());
     j.key("metadata").begin_object();
-    for (const gguf::KeyValue& kv : r.kvs()) j.kv(kv.key, gguf::describe(kv.value));
+    for (const gguf::KeyValue& kv : r.kvs()) value_json(j.key(kv.key), kv.value);
     j.end_object().key("tensors").begin_array();
     for (const gguf::TensorInfo& t : r.tensors()) {
       const gguf::TypeTraits tt = gguf::type_traits(t.type);
-      j.begin_object()
-          .kv("name", t.name)
-          .kv("type", tt.name ? tt.name : "?")
-          .kv("shape", gguf::shape_string(t));
+      j.begin_object().kv("name", t.name).kv("type", tt.name ? tt.name : "?");
+      shape_json(j.key("shape"), std::vector<int64_t>(t.ne.begin(), t.ne.begin() + t.n_dims));
       j.kv("offset", t.offset).kv("bytes", t.nbytes).end_object();
     }
     j.end_array();
@@ -129,6 +166,7 @@ void dump_header(const std::string& file, const DumpMeta& m, Json* j) {
   if (j != nullptr) {
     j->begin_object().kv("file", file).kv("kind", "dump").kv("format_version", m.format_version);
     j->kv("tool_version", m.tool_version).kv("git_commit", m.git_commit);
+    j->kv("integrity", m.integrity);
     j->kv("implementation", m.implementation).kv("variant", m.variant).kv("device", m.device);
     j->kv("model_file", m.model_file).kv("model_sha256", m.model_sha256);
     j->kv("model_header_sha256", m.model_header_sha256);
@@ -141,6 +179,7 @@ void dump_header(const std::string& file, const DumpMeta& m, Json* j) {
   std::printf("%s: moecheck dump format %lld, %s (%s) on %s, tool %s (%s)\n", file.c_str(),
               static_cast<long long>(m.format_version), m.implementation.c_str(), m.variant.c_str(),
               m.device.c_str(), m.tool_version.c_str(), m.git_commit.c_str());
+  std::printf("integrity: %s (docs/golden-format.md \"Integrity stamp\")\n", m.integrity.c_str());
   std::printf("model: %s, whole-file sha256 %s, header sha256 %s%s\n", m.model_file.c_str(),
               m.model_sha256.empty() ? "(not recorded)" : m.model_sha256.c_str(),
               m.model_header_sha256.empty() ? "(not recorded)" : m.model_header_sha256.c_str(),
@@ -161,66 +200,112 @@ std::string image_mask_text(const std::vector<uint8_t>& mask) {
          std::to_string(mask.size()) + " token(s) in image spans (routed with bias_vl)";
 }
 
-// The datasets of one layer group with their shapes.
-std::vector<std::pair<std::string, std::string>> layer_datasets(const MoeConfig& c, int64_t T,
-                                                                const LayerTaps& t) {
-  std::vector<std::pair<std::string, std::string>> st = {
-      {"input", shape({T, c.dim}) + " bfloat16"},
-      {"image_mask", image_mask_text(t.image_mask)},
-      {"router_logits", shape({T, c.n_routed}) + " float32"},
-      {"topk_ids", shape({T, c.topk}) + " int32"},
-      {"topk_weights", shape({T, c.topk}) + " float32"}};
-  if (!t.x_q8.empty()) st.emplace_back("x_q8", shape({T, c.dim / 32, 36}) + " block_q8_1");
-  for (const ExpertTaps& e : t.experts) {
-    const int64_t n = static_cast<int64_t>(e.tokens.size());
-    st.emplace_back("experts/" + std::to_string(e.expert),
-                    std::to_string(n) + " token(s): gate/up/h " + shape({n, c.inter}) + ", down " +
-                        shape({n, c.dim}) + (e.h_q8.empty() ? "" : ", h_q8"));
-  }
-  if (!t.shared.tokens.empty())
-    st.emplace_back("shared", "gate/up/h " + shape({T, c.inter}) + ", down " + shape({T, c.dim}));
-  if (!t.acc.empty()) st.emplace_back("acc", shape({T, c.dim}) + " float32");
-  st.emplace_back("output", shape({T, c.dim}) + " bfloat16");
+// One dataset of a layer group: its shape and element type (text: "[8, 512] bfloat16").
+struct Dataset {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string dtype;
+};
+
+// The datasets before the experts (x_q8 only with taps) and after them (acc only with taps).
+std::vector<Dataset> head_datasets(const MoeConfig& c, int64_t T, const LayerTaps& t) {
+  std::vector<Dataset> st = {{"input", {T, c.dim}, "bfloat16"},
+                             {"router_logits", {T, c.n_routed}, "float32"},
+                             {"topk_ids", {T, c.topk}, "int32"},
+                             {"topk_weights", {T, c.topk}, "float32"}};
+  if (!t.x_q8.empty()) st.push_back({"x_q8", {T, c.dim / 32, 36}, "block_q8_1"});
+  return st;
+}
+std::vector<Dataset> tail_datasets(const MoeConfig& c, int64_t T, const LayerTaps& t) {
+  std::vector<Dataset> st;
+  if (!t.acc.empty()) st.push_back({"acc", {T, c.dim}, "float32"});
+  st.push_back({"output", {T, c.dim}, "bfloat16"});
   return st;
 }
 
-// One layer: its datasets and the tensors its forward read, with their SHA-256.
-void dump_layer(const MoeConfig& c, int64_t T, const LayerTaps& t,
-                const std::vector<SliceHash>& slices, Json* j) {
-  const auto st = layer_datasets(c, T, t);
-  if (j != nullptr) {
-    int64_t masked = 0;
-    for (uint8_t v : t.image_mask) masked += v != 0;
-    j->begin_object().kv("layer", t.layer).kv("image_mask", !t.image_mask.empty());
-    j->kv("image_mask_tokens", masked).key("datasets").begin_object();
-    for (const auto& [k, v] : st) j->kv(k, v);
-    j->end_object().key("tensors_read").begin_array();
-    for (const SliceHash& h : slices)
-      j->begin_object()
-          .kv("tensor", slice_name(t.layer, h.tensor, h.expert))
-          .kv("sha256", h.sha256)
-          .end_object();
-    j->end_array().end_object();
-    return;
-  }
-  std::printf("/layers/%d:\n", t.layer);
-  for (const auto& [k, v] : st) std::printf("  %-14s %s\n", k.c_str(), v.c_str());
+std::string expert_text(const MoeConfig& c, const ExpertTaps& e) {
+  const int64_t n = static_cast<int64_t>(e.tokens.size());
+  return std::to_string(n) + " token(s): gate/up/h " + shape({n, c.inter}) + ", down " +
+         shape({n, c.dim}) + (e.h_q8.empty() ? "" : ", h_q8");
+}
+
+// An expert's datasets in JSON: its tokens and the shape of each (h_q8 null when absent).
+void expert_json(Json& j, const MoeConfig& c, const ExpertTaps& e) {
+  const int64_t n = static_cast<int64_t>(e.tokens.size());
+  j.begin_object().kv("expert", static_cast<int64_t>(e.expert)).kv("tokens", n);
+  for (const char* k : {"gate", "up", "h"}) shape_json(j.key(k), {n, c.inter});
+  shape_json(j.key("down"), {n, c.dim});
+  j.key("h_q8");
+  e.h_q8.empty() ? j.null() : shape_json(j, {n, c.inter / 32, 36});
+  j.end_object();
+}
+
+void slices_text(const LayerTaps& t, const std::vector<SliceHash>& slices) {
   if (!slices.empty()) std::printf("  tensors read (sha256):\n");
   for (const SliceHash& h : slices)
     std::printf("    %-44s %s\n", slice_name(t.layer, h.tensor, h.expert).c_str(),
                 h.sha256.c_str());
 }
 
+// One layer as text: its datasets in storage order and the tensors its forward read.
+void layer_text(const MoeConfig& c, int64_t T, const LayerTaps& t,
+                const std::vector<SliceHash>& slices) {
+  std::printf("/layers/%d:\n", t.layer);
+  auto line = [](const std::string& k, const std::string& v) {
+    std::printf("  %-14s %s\n", k.c_str(), v.c_str());
+  };
+  for (const Dataset& d : head_datasets(c, T, t)) {
+    line(d.name, shape(d.shape) + " " + d.dtype);
+    if (d.name == "input") line("image_mask", image_mask_text(t.image_mask));
+  }
+  for (const ExpertTaps& e : t.experts)
+    line("experts/" + std::to_string(e.expert), expert_text(c, e));
+  if (!t.shared.tokens.empty())
+    line("shared", "gate/up/h " + shape({T, c.inter}) + ", down " + shape({T, c.dim}));
+  for (const Dataset& d : tail_datasets(c, T, t)) line(d.name, shape(d.shape) + " " + d.dtype);
+  slices_text(t, slices);
+}
+
+// One layer as JSON: every dataset's shape (numbers) and dtype, the image mask, the experts and
+// the shared expert, the tensors read.
+void layer_json(Json& j, const MoeConfig& c, int64_t T, const LayerTaps& t,
+                const std::vector<SliceHash>& slices) {
+  int64_t masked = 0;
+  for (uint8_t v : t.image_mask) masked += v != 0;
+  j.begin_object().kv("layer", t.layer).kv("image_mask", !t.image_mask.empty());
+  j.kv("image_mask_tokens", masked).key("datasets").begin_object();
+  std::vector<Dataset> all = head_datasets(c, T, t);
+  if (!t.image_mask.empty()) all.push_back({"image_mask", {T}, "uint8"});
+  for (const Dataset& d : tail_datasets(c, T, t)) all.push_back(d);
+  for (const Dataset& d : all) {
+    j.key(d.name).begin_object();
+    shape_json(j.key("shape"), d.shape).kv("dtype", d.dtype).end_object();
+  }
+  j.end_object().key("experts").begin_array();
+  for (const ExpertTaps& e : t.experts) expert_json(j, c, e);
+  j.end_array().key("shared");
+  if (t.shared.tokens.empty()) j.null();
+  else expert_json(j, c, t.shared);
+  j.key("tensors_read").begin_array();
+  for (const SliceHash& h : slices)
+    j.begin_object()
+        .kv("tensor", slice_name(t.layer, h.tensor, h.expert))
+        .kv("sha256", h.sha256)
+        .end_object();
+  j.end_array().end_object();
+}
+
 int inspect_dump(const InspectArgs& a) {
   const Dump d = read_dump(a.file);
   Json j;
-  Json* jp = a.json ? &j : nullptr;
-  dump_header(a.file, d.meta, jp);
+  dump_header(a.file, d.meta, a.json ? &j : nullptr);
   if (a.json) j.key("layers").begin_array();
   const std::vector<SliceHash> none;
-  for (size_t li = 0; li < d.layers.size(); ++li)
-    dump_layer(d.meta.config, d.meta.tokens, d.layers[li], d.slices.empty() ? none : d.slices[li],
-               jp);
+  for (size_t li = 0; li < d.layers.size(); ++li) {
+    const std::vector<SliceHash>& sl = d.slices.empty() ? none : d.slices[li];
+    if (a.json) layer_json(j, d.meta.config, d.meta.tokens, d.layers[li], sl);
+    else layer_text(d.meta.config, d.meta.tokens, d.layers[li], sl);
+  }
   if (a.json) {
     j.end_array().end_object();
     std::printf("%s\n", j.str().c_str());

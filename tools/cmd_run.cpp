@@ -2,13 +2,16 @@
 // Contract: docs/cli.md "run" (inputs, knobs), docs/golden-format.md (the file).
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "compare/check.h"
 #include "core/error.h"
 #include "core/numfmt.h"
+#include "golden/adversarial.h"
 #include "tools/commands.h"
 #include "tools/json.h"
+#include "tools/preflight.h"
 #include "tools/progress.h"
 #include "tools/runner.h"
 
@@ -43,21 +46,72 @@ int64_t image_token_count(const LayerTaps& t) {
   return n;
 }
 
-int run_run(const RunArgs& a, bool input_seed_given, bool route_given) {
+// Which of the knob flags were given (a knob the implementation does not have is refused).
+struct RunGiven {
+  CLI::Option *seed = nullptr, *route = nullptr, *precision = nullptr, *router = nullptr,
+              *warps = nullptr, *shared_side = nullptr;
+};
+
+// Every knob flag given for an implementation that does not have it is refused (it would be
+// ignored): --precision is ref's, --router and --warps emu's and cuda's, --shared-side and --route
+// cuda's (docs/cli.md "run", Knobs).
+void refuse_foreign_knobs(const RunArgs& a, Impl impl, const RunGiven& g) {
+  const std::string chosen = "--impl " + a.impl + " would ignore it";
+  if (g.precision->count() > 0 && impl != Impl::kRef)
+    refuse_knob("--precision", a.precision, "ref", "precision", chosen);
+  if (g.router->count() > 0 && impl == Impl::kRef)
+    refuse_knob("--router", a.router, "emu and cuda", "router", chosen);
+  if (g.warps->count() > 0 && impl == Impl::kRef)
+    refuse_knob("--warps", std::to_string(a.warps), "emu and cuda", "expert-warps", chosen);
+  if (g.shared_side->count() > 0 && impl != Impl::kCuda)
+    refuse_knob("--shared-side", a.shared_side, "cuda", "shared-side", chosen);
+  if (g.route->count() > 0 && impl != Impl::kCuda)
+    throw InputError("--route " + a.route + ": only the cuda implementation has a route knob (" +
+                     "where its top-k selection runs); --impl " + a.impl + " would ignore it");
+}
+
+// The run's dominant allocations (docs/cli.md "Checks before any work"): the dump kept in memory
+// and once more as its file image while it is written, the layer in flight (the
+// implementation's buffers and the taps it fills, every stage whatever --taps says), and the
+// --input dump read whole.
+void require_run_memory(const RunArgs& a, const LoadedModel& m, const RunSpec& spec) {
+  const MoeConfig& c = m.file.config();
+  int64_t T = spec.tokens + (spec.input.adversarial ? kAdversarialTokens : 0);
+  uint64_t input_bytes = 0;
+  if (!a.input.empty()) {
+    T = read_dump_meta(a.input).tokens;
+    input_bytes = std::filesystem::file_size(a.input);
+  }
+  const uint64_t L = spec.layers.empty() ? static_cast<uint64_t>(m.file.n_layers())
+                                         : static_cast<uint64_t>(spec.layers.size());
+  const uint64_t tap = tap_bytes_per_token(c);
+  const uint64_t keep = spec.taps ? tap : basic_bytes_per_token(c);
+  const uint64_t t = static_cast<uint64_t>(T);
+  MemoryNeed need;
+  need.bytes = 2 * L * t * keep + 2 * t * tap + input_bytes;
+  need.how = "2 x " + std::to_string(L) + " layer(s) x " + std::to_string(T) + " token(s) x " +
+             bytes_text(keep) + " (the dump and its file image) + 2 x " + std::to_string(T) +
+             " x " + bytes_text(tap) + " (the layer in flight)" +
+             (input_bytes ? " + " + bytes_text(input_bytes) + " (the --input dump)" : "");
+  if (a.input.empty()) require_memory("--tokens", std::to_string(a.tokens), need);
+  else require_memory("--input", a.input, need);
+}
+
+int run_run(const RunArgs& a, const RunGiven& g) {
+  const bool input_seed_given = g.seed->count() > 0;
   if (!a.input.empty() && (input_seed_given || a.chain))
     throw InputError(
         "--input takes each layer's input from the dump; it cannot be combined with --input-seed "
         "or --chain");
   RunSpec spec;
   spec.impl = parse_impl(a.impl, "--impl");
+  refuse_foreign_knobs(a, spec.impl, g);
+  require_output_file("-o", a.out, {{"--model", a.model}, {"--input", a.input}});
   spec.knobs.precision = a.precision == "exact" ? RefPrecision::kExact : RefPrecision::kModel;
   spec.knobs.router = a.router == "plain" ? RouterVariant::kPlain : RouterVariant::kStaged;
   spec.knobs.expert_warps = a.warps;
   spec.knobs.shared_side_stream = a.shared_side == "on";
   spec.knobs.route = parse_route_place(a.route, "--route");
-  if (route_given && spec.impl != Impl::kCuda)
-    throw InputError("--route " + a.route + ": only the cuda implementation has a route knob (" +
-                     "where its top-k selection runs); --impl " + a.impl + " would ignore it");
   if (!a.layers.empty()) spec.layers = parse_layer_list(a.layers);
   spec.tokens = a.tokens;
   spec.input.seed = a.input_seed;
@@ -67,6 +121,7 @@ int run_run(const RunArgs& a, bool input_seed_given, bool route_given) {
   spec.input.image_tokens = a.image_tokens;
   spec.taps = a.taps;
   const LoadedModel m = load_model(a.model, a.hash_file);
+  require_run_memory(a, m, spec);
   Dump d;
   {
     Progress p("run " + a.impl,
@@ -131,8 +186,9 @@ void add_run(CLI::App& app, int& rc) {
   s->add_option("--tokens", a->tokens, "tokens per layer")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  CLI::Option* seed = s->add_option("--input-seed", a->input_seed, "seed of the generated inputs")
-                          ->capture_default_str();
+  RunGiven g;
+  g.seed = s->add_option("--input-seed", a->input_seed, "seed of the generated inputs")
+               ->capture_default_str();
   s->add_option("--input", a->input, "take each layer's input from this dump");
   s->add_flag("--chain", a->chain, "feed layer L's output to the next layer run");
   s->add_flag(
@@ -142,19 +198,20 @@ void add_run(CLI::App& app, int& rc) {
   s->add_flag("--taps", a->taps,
               "store every stage (per-expert gate/up/h/down, q8_1 blocks, shared, acc)");
   s->add_option("-o,--output", a->out, "output HDF5 dump")->required();
-  s->add_option("--precision", a->precision, "ref: model | exact")
-      ->check(CLI::IsMember({"model", "exact"}))
-      ->capture_default_str();
-  s->add_option("--router", a->router, "emu, cuda: router GEMV variant plain | staged")
-      ->check(CLI::IsMember({"plain", "staged"}))
-      ->capture_default_str();
-  s->add_option("--warps", a->warps, "emu, cuda: expert warps per block 2 | 4 | 8")
-      ->check(CLI::IsMember({2, 4, 8}))
-      ->capture_default_str();
-  s->add_option("--shared-side", a->shared_side, "cuda: shared expert on a side stream on | off")
-      ->check(CLI::IsMember({"on", "off"}))
-      ->capture_default_str();
-  CLI::Option* route =
+  g.precision = s->add_option("--precision", a->precision, "ref: model | exact")
+                    ->check(CLI::IsMember({"model", "exact"}))
+                    ->capture_default_str();
+  g.router = s->add_option("--router", a->router, "emu, cuda: router GEMV variant plain | staged")
+                 ->check(CLI::IsMember({"plain", "staged"}))
+                 ->capture_default_str();
+  g.warps = s->add_option("--warps", a->warps, "emu, cuda: expert warps per block 2 | 4 | 8")
+                ->check(CLI::IsMember({2, 4, 8}))
+                ->capture_default_str();
+  g.shared_side = s->add_option("--shared-side", a->shared_side,
+                                "cuda: shared expert on a side stream on | off")
+                      ->check(CLI::IsMember({"on", "off"}))
+                      ->capture_default_str();
+  g.route =
       s->add_option("--route", a->route,
                     "cuda: where the top-k selection runs, host | device (no bit depends on it)")
           ->capture_default_str();
@@ -168,7 +225,7 @@ void add_run(CLI::App& app, int& rc) {
               "expert slices the "
               "run read are always recorded)");
   s->add_flag("--json", a->json, "machine-readable output");
-  s->callback([a, seed, route, &rc] { rc = run_run(*a, seed->count() > 0, route->count() > 0); });
+  s->callback([a, g, &rc] { rc = run_run(*a, g); });
 }
 
 }  // namespace moecheck::cli

@@ -7,10 +7,12 @@
 
 #include "compare/sensitivity.h"
 #include "core/error.h"
+#include "golden/adversarial.h"
 #include "golden/generator.h"
 #include "golden/model_file.h"
 #include "tools/commands.h"
 #include "tools/json.h"
+#include "tools/preflight.h"
 #include "tools/progress.h"
 #include "tools/report.h"
 #include "tools/runner.h"
@@ -165,7 +167,22 @@ std::string render_json(const SensitivityReport& r, const std::string& model,
   return j.str();
 }
 
+// One layer's dominant allocations (docs/cli.md "Checks before any work"): the baseline's taps, a
+// step's taps and the implementation's buffers, and the Exact reference's f64 working set with
+// its taps, each about one layer of taps.
+void require_sensitivity_memory(const SensitivityArgs& a, const MoeConfig& c) {
+  const uint64_t T =
+      static_cast<uint64_t>(a.tokens + (a.adversarial == "on" ? kAdversarialTokens : 0));
+  const uint64_t tap = tap_bytes_per_token(c);
+  MemoryNeed need;
+  need.bytes = 5 * T * tap;
+  need.how = "5 x " + std::to_string(T) + " token(s) x " + bytes_text(tap) +
+             " (baseline and step taps, the implementation's buffers, the Exact reference)";
+  require_memory("--tokens", std::to_string(a.tokens), need);
+}
+
 int run_sensitivity_cmd(const SensitivityArgs& a) {
+  if (a.model.empty()) require_sensitivity_memory(a, default_model_options().config);
   std::unique_ptr<TempDir> tmp;
   std::string path = a.model, note = a.model;
   if (path.empty()) {
@@ -177,6 +194,7 @@ int run_sensitivity_cmd(const SensitivityArgs& a) {
            " layers, seed " + std::to_string(o.seed) + ")";
   }
   const ModelFile truth = ModelFile::open(path);
+  if (!a.model.empty()) require_sensitivity_memory(a, truth.config());
   const ModelFile cow = ModelFile::open(path, gguf::MapMode::kCopyOnWrite);
   if (a.layer < 0 || a.layer >= truth.n_layers())
     throw InputError("--layer " + std::to_string(a.layer) + ": " + path + " has " +

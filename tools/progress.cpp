@@ -9,7 +9,7 @@ namespace moecheck::cli {
 
 Progress::Progress(std::string label, int64_t total, bool enabled)
     : label_(std::move(label)), total_(total), on_(enabled && ::isatty(STDERR_FILENO) == 1) {
-  if (on_) draw("");
+  if (on_ && total_ > 0) draw("");  // a total set later (gen) draws on the first update
 }
 
 Progress::~Progress() {
@@ -18,6 +18,12 @@ Progress::~Progress() {
 
 void Progress::step(const std::string& what) {
   ++done_;
+  if (on_) draw(what);
+}
+
+void Progress::update(int64_t done, const std::string& what) {
+  if (done == done_) return;
+  done_ = done;
   if (on_) draw(what);
 }
 

@@ -1,5 +1,6 @@
 // A one-line progress bar on stderr, drawn only when stderr is a terminal (isatty), so logs and
-// pipes stay clean; cleared when done. Used by run, check and golden for per-layer work.
+// pipes stay clean; cleared when done. Used by run, check and golden for per-layer work, and by
+// gen for the bytes written.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,8 @@ class Progress {
 
   // Marks one more unit done; `what` names the unit just finished ("layer 3 emu").
   void step(const std::string& what);
+  // Sets how many units are done (a byte count, say); redraws only when it changed.
+  void update(int64_t done, const std::string& what);
   void set_total(int64_t total) { total_ = total; }
 
  private:

@@ -4,6 +4,7 @@
 #include "tools/runner.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 
@@ -250,6 +251,24 @@ struct RunInputs {
   std::vector<uint8_t> mask;  // [T] from --image-tokens, or empty
 };
 
+// Non-finite inputs are refused before any layer runs, by file, layer, token and column (the
+// layer APIs would turn them into NaN outputs or a routing error naming only an expert).
+void require_finite_input(const std::string& file, int layer, const std::vector<uint16_t>& x,
+                          int64_t dim) {
+  for (size_t i = 0; i < x.size(); ++i) {
+    if ((x[i] & 0x7F80u) != 0x7F80u) continue;
+    char bits[8];
+    std::snprintf(bits, sizeof bits, "0x%04X", x[i]);
+    throw InputError(file + ": /layers/" + std::to_string(layer) + "/input token " +
+                     std::to_string(static_cast<int64_t>(i) / dim) + " column " +
+                     std::to_string(static_cast<int64_t>(i) % dim) + " is " +
+                     ((x[i] & 0x7Fu) != 0 ? "NaN"
+                      : (x[i] & 0x8000u)  ? "-Inf"
+                                          : "+Inf") +
+                     " (bf16 " + bits + "); non-finite inputs are refused (--input)");
+  }
+}
+
 RunInputs open_inputs(const LoadedModel& m, const RunSpec& spec, DumpMeta& meta) {
   RunInputs in;
   const MoeConfig& c = m.file.config();
@@ -265,6 +284,8 @@ RunInputs open_inputs(const LoadedModel& m, const RunSpec& spec, DumpMeta& meta)
                        " has dim " + std::to_string(c.dim));
     meta.tokens = in.dump->meta.tokens;
     meta.input_source = "dump:" + std::filesystem::path(spec.input.dump_path).filename().string();
+    for (const LayerTaps& t : in.dump->layers)
+      require_finite_input(spec.input.dump_path, t.layer, t.input, c.dim);
     return in;
   }
   if (spec.tokens <= 0)
@@ -333,11 +354,15 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
   for (size_t i = 0; i < layers.size(); ++i) {
     const int L = layers[i];
     const LayerWeights w = m.file.layer(L);
+    const std::vector<uint8_t>& mask = layer_mask(m, spec, in, w);
+    // The first read of the tensors every forward reads whole (router, bias, bias_vl, shared
+    // expert): hashed for the provenance and refused when not finite (golden/finite_check.h),
+    // before anything computes with them; the experts' slices follow the forward.
+    (void)m.hasher->layer_slices(L, {}, !mask.empty());
     std::vector<uint16_t> x;
     if (in.dump) x = dump_layer(*in.dump, spec.input.dump_path, L).input;
     else if (spec.input.chain && i > 0) x = carried;
     else x = seeded_layer_input(spec, w, L);
-    const std::vector<uint8_t>& mask = layer_mask(m, spec, in, w);
     LayerTaps taps;
     std::vector<uint16_t> y =
         forward_one(spec, w, x, T, &taps, mask.empty() ? nullptr : mask.data());

@@ -188,6 +188,16 @@ TEST(CudaMoeLayer, Ds41_dim5120_E384_K6_FastBlocks_T1to8) {
             400);
 }
 
+// One ds41 token on both routes (what the compute-sanitizer run of .ci/gpu-suite sanitize covers
+// at ds41 size; the T = 1..8 sweep above is the bitwise proof).
+TEST(CudaMoeLayer, Ds41_OneToken_HostAndDeviceRoute) {
+  MOECHECK_REQUIRE_GPU();
+  run_layer(preset_options("ds41"), {1},
+            {{8, RouterVariant::kStaged, true, false},
+             {8, RouterVariant::kStaged, true, false, RoutePlace::kDevice}},
+            450);
+}
+
 // The image mask: bias_vl selects for tokens t % 3 != 0, host and device route, T = 1..8.
 TEST(CudaMoeLayer, ImageMask_Tiny_Small_Ds41_T1to8_HostAndDeviceRoute) {
   MOECHECK_REQUIRE_GPU();
