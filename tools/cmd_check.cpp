@@ -212,6 +212,7 @@ void add_check(CLI::App& app, int& rc) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   s->add_option("--layers", a->layers, "layers, e.g. 0,2-5 (default: all)");
   s->add_option("--input-seed", a->input_seed, "seed of the generated inputs")
+      ->check(kNonNegative)
       ->capture_default_str();
   CLI::Option* precision =
       s->add_option(

@@ -99,7 +99,9 @@ void add_gen(CLI::App& app, int& rc) {
       ->capture_default_str();
   s->add_option("--layers", a->layers, "number of layers (default: the preset's, 2)")
       ->check(CLI::Range(1, 1000));
-  s->add_option("--seed", a->seed, "generator seed")->capture_default_str();
+  s->add_option("--seed", a->seed, "generator seed")
+      ->check(kNonNegative)
+      ->capture_default_str();
   s->add_option("-o,--output", a->out, "output GGUF file")->required();
   s->add_option("--shared", a->shared, "shared expert storage: bf16 | kquant")
       ->check(CLI::IsMember({"bf16", "kquant"}));

@@ -188,6 +188,7 @@ void add_run(CLI::App& app, int& rc) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   RunGiven g;
   g.seed = s->add_option("--input-seed", a->input_seed, "seed of the generated inputs")
+               ->check(kNonNegative)
                ->capture_default_str();
   s->add_option("--input", a->input, "take each layer's input from this dump");
   s->add_flag("--chain", a->chain, "feed layer L's output to the next layer run");

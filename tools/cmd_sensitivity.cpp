@@ -260,6 +260,7 @@ void add_sensitivity(CLI::App& app, int& rc) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
   s->add_option("--input-seed", a->input_seed, "seed of the generated inputs")
+      ->check(kNonNegative)
       ->capture_default_str();
   s->add_option("--adversarial", a->adversarial, "append the layer's adversarial tokens")
       ->check(CLI::IsMember({"on", "off"}))

@@ -13,6 +13,14 @@ inline constexpr int kExitSame = 0;
 inline constexpr int kExitDiffers = 1;
 inline constexpr int kExitError = 2;
 
+// For unsigned options: CLI11 reads "-1" into a uint64_t as 2^64 - 1; this refuses a leading '-'
+// ("expected a whole number >= 0, found -1").
+inline CLI::Validator kNonNegative(
+    [](std::string& s) {
+      return !s.empty() && s[0] == '-' ? "expected a whole number >= 0, found " + s : std::string();
+    },
+    "UINT");
+
 void add_gen(CLI::App& app, int& rc);
 void add_run(CLI::App& app, int& rc);
 void add_diff(CLI::App& app, int& rc);

@@ -1,0 +1,96 @@
+// Every flag of every command with a bad value: exit 2 before any work, one `moecheck: error:`
+// line that names the flag (or the file it names). The table is docs/reliability.md "Bad input
+// (every flag)"; the refusals with rules of their own (tolerances, knobs, memory, output paths)
+// are tests/cli_input_test.cpp, the files tests/cli_io_test.cpp.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/cli_test_util.h"
+
+namespace moecheck::testing {
+namespace {
+
+class CliFlags : public CliFixture {};
+
+struct Case {
+  std::string args;    // {m}: the tiny model, {d}: a dump of it, {x}: a text file, {o}: an output
+  std::string needle;  // in the error line
+};
+
+std::string fill(std::string s, const std::string& key, const std::string& v) {
+  for (size_t at; (at = s.find(key)) != std::string::npos;) s.replace(at, key.size(), v);
+  return s;
+}
+
+TEST_F(CliFlags, EveryFlagsBadValueIsExit2NamingIt) {
+  const CliResult d =
+      run("run --impl emu --model " + p("tiny.gguf") + " --tokens 2 -o " + p("d.h5"));
+  ASSERT_EQ(d.code, 0) << d.err;
+  { std::ofstream(p("x.txt")) << "not a model\n"; }
+  const std::vector<Case> cases = {
+      {"gen --preset huge -o {o}", "--preset: huge not in {tiny,small,ds41}"},
+      {"gen --layers 0 -o {o}", "--layers: Value 0 not in range"},
+      {"gen --seed -1 -o {o}", "--seed: expected a whole number >= 0, found -1"},
+      {"gen --preset tiny", "--output is required"},
+      {"gen --shared x -o {o}", "--shared: x not in {bf16,kquant}"},
+      {"gen --blocks x -o {o}", "--blocks: x not in {quantized,random}"},
+      {"run --impl x --model {m} -o {o}", "--impl: x not in {ref,emu,cuda}"},
+      {"run --impl emu --model missing.gguf -o {o}", "missing.gguf: model file does not exist"},
+      {"run --impl emu --model {x} -o {o}", "magic: expected \"GGUF\""},
+      {"run --impl emu --model {m} --layers 5 -o {o}", "--layers: layer 5 is not in"},
+      {"run --impl emu --model {m} --layers a -o {o}", "\"a\" is not a layer number"},
+      {"run --impl emu --model {m} --tokens 0 -o {o}", "--tokens: Value 0 not in range"},
+      {"run --impl emu --model {m} --tokens -3 -o {o}", "--tokens: Value -3 not in range"},
+      {"run --impl emu --model {m} --input-seed -1 -o {o}",
+       "--input-seed: expected a whole number"},
+      {"run --impl emu --model {m} --input missing.h5 -o {o}", "missing.h5: cannot open"},
+      {"run --impl emu --model {m} --input {x} -o {o}", "not an HDF5 file"},
+      {"run --impl emu --model {m} --input {d} --chain -o {o}", "it cannot be combined with"},
+      {"run --impl ref --model {m} --precision x -o {o}", "--precision: x not in {model,exact}"},
+      {"run --impl emu --model {m} --router x -o {o}", "--router: x not in {plain,staged}"},
+      {"run --impl emu --model {m} --warps 3 -o {o}", "--warps: 3 not in {2,4,8}"},
+      {"run --impl cuda --model {m} --shared-side x -o {o}", "--shared-side: x not in {on,off}"},
+      {"run --impl cuda --model {m} --route x -o {o}", "--route: route must be host or device"},
+      {"run --impl emu --model {m} --image-tokens 1 -o {o}", "--image-tokens: "},
+      {"run --impl emu --model {m}", "--output is required"},
+      {"diff {d} missing.h5", "missing.h5: cannot open"},
+      {"diff {d} {x}", "not an HDF5 file"},
+      {"diff {d} {d} --model missing.gguf", "missing.gguf: model file does not exist"},
+      {"check --model {m} --impls foo", "--impls: expected \"ref\", \"emu\" or \"cuda\""},
+      {"check --model {m} --tokens 0", "--tokens: Value 0 not in range"},
+      {"check --model {m} --layers 9", "--layers: layer 9 is not in"},
+      {"check --model {m} --adversarial x", "--adversarial: x not in {on,off}"},
+      {"check --model {m} --route x", "--route: route must be host or device"},
+      {"check --model {m} --input-seed -2", "--input-seed: expected a whole number"},
+      {"inspect missing.h5", "missing.h5: file does not exist"},
+      {"inspect {x}", "magic: expected \"GGUF\""},
+      {"sensitivity --model {m} --layer 9", "--layer 9: "},
+      {"sensitivity --model {m} --expert 999", "--expert 999: the layer has 16 routed experts"},
+      {"sensitivity --model {m} --classes foo", "--classes: unknown perturbation class \"foo\""},
+      {"sensitivity --model {m} --impl ref", "--impl: ref not in {emu,cuda}"},
+      {"sensitivity --model {m} --tokens 0", "--tokens: Value 0 not in range"},
+      {"golden verify --data " + p("nodir"), "manifest.txt: cannot open the golden manifest"},
+      {"frobnicate", "unknown command \"frobnicate\""},
+  };
+  for (const Case& c : cases) {
+    std::string a = fill(c.args, "{m}", p("tiny.gguf"));
+    a = fill(a, "{d}", p("d.h5"));
+    a = fill(a, "{x}", p("x.txt"));
+    a = fill(a, "{o}", p("out.gguf"));
+    const CliResult r = run(a);
+    EXPECT_EXIT_CODE(r, 2);
+    EXPECT_CONTAINS(r.err, "moecheck: error: ", r);
+    EXPECT_CONTAINS(r.err, c.needle, r);
+    EXPECT_FALSE(fs::exists(p("out.gguf"))) << "an output was written: " << r.cmd;
+  }
+}
+
+}  // namespace
+}  // namespace moecheck::testing
