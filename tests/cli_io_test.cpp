@@ -15,72 +15,45 @@
 #include <string>
 
 #include "golden/model_file.h"
+#include "tests/cli_test_util.h"
 
-namespace fs = std::filesystem;
-
+namespace moecheck::testing {
 namespace {
 
-const std::string kBinary = MOECHECK_BINARY_DIR "/tools/moecheck";
 const std::string kShim = MOECHECK_BINARY_DIR "/tests/fail_io_shim.so";
 
-struct Result {
-  int code = -1;
-  bool signaled = false;
-  std::string out, err, cmd;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-class CliIo : public ::testing::Test {
+// tests/cli_test_util.h's fixture (the tiny model, the runner) with a clean output directory per
+// test and the shim preloaded when an environment is given.
+class CliIo : public CliFixture {
  protected:
+  using Result = CliResult;
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("moecheck_cli_io_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
+    fs::remove_all(dir_ / "out");
     fs::create_directories(dir_ / "out");
-    ASSERT_TRUE(fs::exists(kBinary)) << kBinary;
     ASSERT_TRUE(fs::exists(kShim)) << kShim;
-    const Result g = run("", "gen --preset tiny --layers 1 --seed 2 -o " + p("m.gguf"));
-    ASSERT_EQ(g.code, 0) << g.cmd << "\n" << g.err;
+    fs::copy_file(p("tiny.gguf"), p("m.gguf"), fs::copy_options::overwrite_existing);
   }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string p(const std::string& name) const { return (dir_ / name).string(); }
 
   // Runs the binary with `env` (VAR=value ...) and the shim preloaded when env is not empty.
-  Result run(const std::string& env, const std::string& args) const {
-    Result r;
-    const fs::path err = dir_ / ".stderr", out = dir_ / ".stdout";
-    const std::string pre = env.empty() ? ""
-                                        : "env LD_PRELOAD=" + kShim +
-                                              " ASAN_OPTIONS=verify_asan_link_order=0 " + env + " ";
-    r.cmd = pre + kBinary + " " + args;
-    const int st = std::system((r.cmd + " >" + out.string() + " 2>" + err.string()).c_str());
-    // std::system runs sh -c: a child killed by a signal shows as exit 128 + signal.
-    r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    r.signaled = r.code > 128;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
+  static Result run(const std::string& env, const std::string& args) {
+    return run_with(
+        env.empty() ? "" : "LD_PRELOAD=" + kShim + " ASAN_OPTIONS=verify_asan_link_order=0 " + env,
+        args, "");
   }
+  // std::system runs sh -c: a child killed by a signal shows as exit 128 + signal.
+  static bool signaled(const Result& r) { return r.code > 128; }
 
   // Nothing but the named files in the output directory.
-  void expect_out_empty(const Result& r) const {
+  static void expect_out_empty(const Result& r) {
     for (const auto& e : fs::recursive_directory_iterator(dir_ / "out"))
       ADD_FAILURE() << "left behind: " << e.path() << "\n  repro: " << r.cmd;
   }
-
-  fs::path dir_;
 };
 
 #define EXPECT_FAILS_CLEANLY(r, needle)                                                      \
   do {                                                                                       \
     EXPECT_EQ((r).code, 2) << "repro: " << (r).cmd << "\n" << (r).err;                       \
-    EXPECT_FALSE((r).signaled) << "crashed: repro: " << (r).cmd;                             \
+    EXPECT_FALSE(signaled(r)) << "crashed: repro: " << (r).cmd;                              \
     EXPECT_NE((r).err.find(needle), std::string::npos) << (r).err << "\nrepro: " << (r).cmd; \
     EXPECT_NE((r).err.find("moecheck: error: "), std::string::npos) << (r).err;              \
   } while (0)
@@ -144,14 +117,14 @@ void poke16(const std::string& file, uint64_t at, uint16_t v) {
 TEST_F(CliIo, NonFiniteWeightsAreRefusedNamingTheTensorRowAndColumn) {
   uint64_t router = 0, down = 0;
   {
-    const moecheck::ModelFile m = moecheck::ModelFile::open(p("m.gguf"));
+    const ModelFile m = ModelFile::open(p("m.gguf"));
     const auto* r = m.gguf().find_tensor("blk.0.ffn_gate_inp.weight");
     const auto* d = m.gguf().find_tensor("blk.0.ffn_down_shexp.weight");
     ASSERT_TRUE(r != nullptr && d != nullptr);
     router = m.gguf().data_offset() + r->offset + 2 * (3 * static_cast<uint64_t>(r->ne[0]) + 7);
     down = m.gguf().data_offset() + d->offset + 2 * (2 * static_cast<uint64_t>(d->ne[0]) + 1);
   }
-  fs::copy_file(p("m.gguf"), p("r.gguf"));
+  fs::copy_file(p("m.gguf"), p("r.gguf"), fs::copy_options::overwrite_existing);
   poke16(p("r.gguf"), router, 0x7FC1);  // row 3, column 7: NaN
   Result r = run("", "run --impl emu --model " + p("r.gguf") + " --tokens 2 -o " + p("out/a.h5"));
   EXPECT_FAILS_CLEANLY(r, "tensor blk.0.ffn_gate_inp.weight: row 3, column 7 is NaN (bits 0x7FC1)");
@@ -197,3 +170,4 @@ TEST_F(CliIo, NonFiniteInputInAnInputDumpIsRefusedByTokenAndColumn) {
 }
 
 }  // namespace
+}  // namespace moecheck::testing
