@@ -149,12 +149,15 @@ TEST_F(CliInput, OutputThatIsAnInputOrUnwritableIsRefused) {
   }
   EXPECT_EQ(slurp_file(model), before) << "the model was changed";
   EXPECT_TRUE(fs::is_symlink(p("keep/emu.h5")));
-  if (::geteuid() != 0) {  // root writes anywhere: the check is access(2)
+  {  // a read-only directory, injected by the shim (tests/shim/fail_io.c: root writes anywhere)
     fs::create_directories(p("ro"));
-    fs::permissions(p("ro"), fs::perms::owner_read | fs::perms::owner_exec);
-    const CliResult r = run(emu + " -o " + p("ro/x.h5"));
+    const CliResult r = run_with("LD_PRELOAD=" MOECHECK_BINARY_DIR
+                                 "/tests/fail_io_shim.so ASAN_OPTIONS=verify_asan_link_order=0 "
+                                 "MOECHECK_SHIM_EROFS_DIR=" +
+                                     p("ro"),
+                                 emu + " -o " + p("ro/x.h5"), "");
     EXPECT_EXIT_CODE(r, 2);
-    EXPECT_CONTAINS(r.err, "directory " + p("ro") + " is not writable", r);
+    EXPECT_CONTAINS(r.err, "directory " + p("ro") + " is not writable (Read-only file system)", r);
   }
 }
 

@@ -1,9 +1,10 @@
 /* A fault-injection shim for the command-line tests (tests/cli_io_test.cpp), preloaded with
  * LD_PRELOAD into the moecheck process: it makes write(2) on regular files fail with ENOSPC once
  * MOECHECK_SHIM_ENOSPC_AFTER bytes have been written to regular files (a full disk), and makes
- * open(2) for writing fail with EROFS under the directory MOECHECK_SHIM_EROFS_DIR (a read-only
- * file system). Works as root (permissions would not stop root) and needs no mount. The names
- * moecheck calls (write, open, open64, openat) are wrapped; everything else passes through.
+ * open(2) for writing, and access(2) / faccessat(2) asking W_OK, fail with EROFS under the
+ * directory MOECHECK_SHIM_EROFS_DIR (a read-only file system). Works as root (permissions would
+ * not stop root) and needs no mount. The names moecheck calls (write, open, open64, openat,
+ * access, faccessat) are wrapped; everything else passes through.
  * docs/reliability.md "How the faults are injected". */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -79,4 +80,24 @@ int openat(int dirfd, const char* path, int flags, ...) {
     return -1;
   }
   return real(dirfd, path, flags, mode);
+}
+
+int access(const char* path, int mode) {
+  static int (*real)(const char*, int);
+  if (!real) real = (int (*)(const char*, int))dlsym(RTLD_NEXT, "access");
+  if ((mode & W_OK) && refused(path, O_WRONLY)) {
+    errno = EROFS;
+    return -1;
+  }
+  return real(path, mode);
+}
+
+int faccessat(int dirfd, const char* path, int mode, int flags) {
+  static int (*real)(int, const char*, int, int);
+  if (!real) real = (int (*)(int, const char*, int, int))dlsym(RTLD_NEXT, "faccessat");
+  if ((mode & W_OK) && refused(path, O_WRONLY)) {
+    errno = EROFS;
+    return -1;
+  }
+  return real(dirfd, path, mode, flags);
 }
