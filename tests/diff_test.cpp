@@ -218,7 +218,8 @@ TEST(DumpDiff, RoutingFlipCountedWithMarginsAndItsTokenLeftOut_T3_E8_K2_dim256) 
     Dump b2 = b;
     for (ExpertTaps& e : b2.layers[0].experts)
       if (e.expert == 0) e.gate[0] += 1.0f;  // expert 0's row 0 is token 0's
-    const LayerDiff& l2 = diff_dumps(a, b2, DiffOptions{}).layers[0];
+    const DiffReport r2 = diff_dumps(a, b2, DiffOptions{});  // the report outlives its layer
+    const LayerDiff& l2 = r2.layers[0];
     EXPECT_EQ(stage(l2, Stage::kExpertsGate).out_of_tol, 1);
   }
 
@@ -261,7 +262,8 @@ TEST(DumpDiff, DifferingImageMasksFailTheInputStage_T3_E8_K2_dim256) {
   bias_vl[5] = 1.0f;
   DiffOptions o;
   o.bias = [&](int) { return RouteBias{bias.data(), bias_vl.data()}; };
-  const RoutingFlip& f = diff_dumps(a, b, o).layers[0].routing.flip_list.at(0);
+  const DiffReport rf = diff_dumps(a, b, o);  // the report outlives the flip read from it
+  const RoutingFlip& f = rf.layers[0].routing.flip_list.at(0);
   const double s1 = std::sqrt(std::log1p(std::exp(1.0))),
                s10 = std::sqrt(std::log1p(std::exp(-10.0)));
   EXPECT_NEAR(f.margin_a, s1 - s10, 1e-6);          // keys s(2), s(1) | s(-10)
