@@ -44,13 +44,19 @@ double gap(const Mismatch& m) { return std::fabs(m.a - m.b); }
 // The worst list is a min-heap on |a - b| while filling (its root is the one to drop).
 bool wider(const Mismatch& x, const Mismatch& y) { return gap(x) > gap(y); }
 
-Mismatch located(const Elem& e, const Mismatch& loc, const std::function<std::string()>& where) {
+// The element's values and bits at its location (no `where` text yet).
+Mismatch with_values(const Elem& e, const Mismatch& loc) {
   Mismatch m = loc;
   m.a = e.a;
   m.b = e.b;
   m.a_bits = e.a_bits;
   m.b_bits = e.b_bits;
   m.ulp = e.ulp;
+  return m;
+}
+
+Mismatch located(const Elem& e, const Mismatch& loc, const std::function<std::string()>& where) {
+  Mismatch m = with_values(e, loc);
   m.where = where();
   return m;
 }
@@ -119,12 +125,7 @@ void StageAcc::add(const Elem& e, const Mismatch& loc, const std::function<std::
     ok = within(tol_, e, d, a);
   }
   if (ok) return;
-  Mismatch m = loc;
-  m.a = e.a;
-  m.b = e.b;
-  m.a_bits = e.a_bits;
-  m.b_bits = e.b_bits;
-  m.ulp = e.ulp;
+  Mismatch m = with_values(e, loc);
   if (widest) m.where = s_.worst_abs.where;  // just located: no second string
   record(std::move(m), where);
 }
