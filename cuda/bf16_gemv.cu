@@ -1,8 +1,8 @@
 // bf16_gemv: the shared expert's bf16 projections (and the router's plain variant) on the plain
 // schedule of cuda/gemv_plain.cuh. Contract: docs/numerics.md "bf16_gemv"; twin:
 // emu::bf16_gemv (emulate/bf16_gemv.h). Loads: one 16-byte load per chunk per lane (a warp
-// reads 512 contiguous bytes of a row), four chunks in flight before the first use; the loads
-// never change the arithmetic order.
+// reads 512 contiguous bytes of a row), four chunks in flight before the first use (one token:
+// the lane's whole row); the loads never change the arithmetic order.
 #include <string>
 
 #include "core/error.h"
@@ -60,6 +60,51 @@ __global__ void __launch_bounds__(kGemvPlainWarps* kWarpSize) gemv_plain_kernel(
   }
 }
 
+// One token (the shared expert and the plain router at T = 1): every chunk of the lane's row is
+// loaded before the first fma (kNC chunks per lane: the whole row in flight, up to 8192 values),
+// then the same chain and butterfly. Same bits as gemv_plain_kernel.
+template <int kNC>
+__global__ void __launch_bounds__(kGemvPlainWarps* kWarpSize) gemv_one_kernel(GemvArgs p) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvPlainWarps + threadIdx.x / kWarpSize;
+  if (row >= p.rows) return;
+  const uint16_t* wrow = (blockIdx.z == 0 ? p.w[0] : p.w[1]) + row * p.K;
+  const int nchunks = static_cast<int>(p.K / kGemvChunk);
+  uint4 wv[kNC];
+#pragma unroll
+  for (int u = 0; u < kNC; ++u) {
+    const int c = lane + u * kWarpSize;
+    if (c < nchunks) wv[u] = __ldcs(reinterpret_cast<const uint4*>(wrow + c * kGemvChunk));
+  }
+  float acc = 0.0f;
+#pragma unroll
+  for (int u = 0; u < kNC; ++u) {
+    const int c = lane + u * kWarpSize;
+    if (c < nchunks)
+      acc = bf16_chunk_fma(wv[u], __ldg(reinterpret_cast<const uint4*>(p.x + c * kGemvChunk)), acc);
+  }
+  const float v = warp_butterfly(acc);
+  if (lane == 0) (blockIdx.z == 0 ? p.y[0] : p.y[1])[row] = v;
+}
+
+// The one-token kernel for chunks per lane nc (<= 32), rounded up to an instantiated kNC.
+bool launch_gemv_one(const GemvArgs& a, int n_mat, dim3 grid, void* stream) {
+  const int64_t nc = (a.K / kGemvChunk + kWarpSize - 1) / kWarpSize;
+  const dim3 block(kGemvPlainWarps * kWarpSize);
+  cudaStream_t s = as_stream(stream);
+  grid.z = static_cast<unsigned>(n_mat);
+  if (a.T != 1 || nc > 32) return false;
+  if (nc <= 4) gemv_one_kernel<4><<<grid, block, 0, s>>>(a);
+  else if (nc <= 8) gemv_one_kernel<8><<<grid, block, 0, s>>>(a);
+  else if (nc <= 12) gemv_one_kernel<12><<<grid, block, 0, s>>>(a);
+  else if (nc <= 16) gemv_one_kernel<16><<<grid, block, 0, s>>>(a);
+  else if (nc <= 20) gemv_one_kernel<20><<<grid, block, 0, s>>>(a);
+  else if (nc <= 24) gemv_one_kernel<24><<<grid, block, 0, s>>>(a);
+  else gemv_one_kernel<32><<<grid, block, 0, s>>>(a);
+  MOECHECK_CUDA_CHECK(cudaGetLastError());
+  return true;
+}
+
 void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* stream) {
   const std::string where = std::string("cuda::") + op + ": ";
   if (a.rows < 0 || a.T < 0 || a.K <= 0 || a.K % kGemvChunk != 0)
@@ -77,6 +122,7 @@ void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* strea
   const dim3 grid(static_cast<unsigned>((a.rows + kGemvPlainWarps - 1) / kGemvPlainWarps),
                   static_cast<unsigned>((a.T + kMaxGroupRows - 1) / kMaxGroupRows),
                   static_cast<unsigned>(n_mat));
+  if (launch_gemv_one(a, n_mat, grid, stream)) return;
   gemv_plain_kernel<<<grid, kGemvPlainWarps * kWarpSize, 0, as_stream(stream)>>>(a);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
 }

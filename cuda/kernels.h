@@ -59,6 +59,21 @@ void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGrou
                          const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
                          void* stream);
 
+// The MMVQ engines (docs/performance.md "GPU"). kDp4a (the default): the dp4a kernel of
+// cuda/mmvq.cu for every launch. kTensorCore: the tensor-core engine (cuda/mmvq_tc.cu) for every
+// launch whose groups hold one token (K <= 16384), the dp4a kernel otherwise; measured slower than
+// kDp4a on the H200 (docs/performance.md), kept as a tested alternative. No bit depends on the
+// engine, tc_stages (4 or 6 tile stages per block; 0 = the default) or tc_mode 0 (bulk copies)
+// / 1 (16-byte cp.async). tc_mode 2 and 3 are diagnostics for benchmarks only: the copies alone,
+// no arithmetic, no output. Process-wide, for benchmarks and tests; not thread-safe.
+enum class MmvqEngine { kDp4a, kTensorCore };
+void set_mmvq_engine(MmvqEngine e, int tc_stages = 0, int tc_mode = 0);
+MmvqEngine mmvq_engine();
+// Caps the dp4a kernel's persistent grid at `cap` blocks per multiprocessor (0: as many as fit),
+// leaving room for a concurrent kernel (the shared expert on the side stream). No bit depends on
+// it. Process-wide, for benchmarks; not thread-safe.
+void set_mmvq_blocks_per_sm(int cap);
+
 // ---- route_select, route_plan (cuda/route_select.cu): the device route ----
 // The routing scalars route_select needs (core/config.h MoeConfig's routing fields).
 struct RouteParams {
@@ -73,6 +88,14 @@ struct RouteParams {
 void route_select(const float* logits, int64_t T, const float* bias, const float* bias_vl,
                   const uint8_t* image_mask, const RouteParams& rp, const int32_t* slots,
                   int32_t* hdr, void* stream);
+// One token's route_select and route_plan in one launch (the one-token layer's device route):
+// the header and the plan (DevicePlanLayout{1, topk}, scratch included) equal those of
+// route_select with T = 1 followed by route_plan. Every pointer DEVICE.
+void route_select_plan_one(const float* logits, const float* bias, const float* bias_vl,
+                           const uint8_t* image_mask, const RouteParams& rp, const int32_t* slots,
+                           int32_t* hdr, const uint8_t* const* slot_gate,
+                           const uint8_t* const* slot_up, const uint8_t* const* slot_down,
+                           uint8_t* plan, void* stream);
 // The device plan (core/route_header.h DevicePlanLayout{T, topk}) from a route header: slot
 // pointers (slot_gate / slot_up / slot_down [n_slots], indexed by the slot table's value), MMVQ
 // groups, accumulation rows and weights, counts {2G, G, U}. A header with a nonzero status gives

@@ -17,11 +17,16 @@
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
 #include "cuda/kernels.h"
+#include "cuda/mmvq_tc.cuh"
 #include "cuda/mmvq_tiles.cuh"
 #include "cuda/mmvq_units.cuh"
 
 namespace moecheck::cuda {
 namespace {
+
+MmvqEngine g_engine = MmvqEngine::kDp4a;
+int g_tc_stages = 0, g_tc_mode = 0;
+int g_blocks_per_sm = 0;
 
 using namespace mmvq_tiles;
 using namespace mmvq_units;
@@ -306,18 +311,20 @@ void launch_one(const MmvqParams& p, void* stream) {
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     smem_set = smem;
   }
-  // Persistent grid: as many blocks as fit the device at once, at most one per tile.
-  static int resident = 0;
+  // Persistent grid: as many blocks as fit the device at once (at most g_blocks_per_sm per
+  // multiprocessor when set), at most one per tile.
+  static int per_sm = 0, sms = 0;
   static int resident_smem = -1;
   if (resident_smem != smem) {
-    int per_sm = 0, dev = 0, sms = 0;
+    int dev = 0;
     MOECHECK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &per_sm, mmvq_kernel<kType, kWarps, kR>, kWarps * kWarpSize, smem));
     MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
     MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    resident = per_sm * sms;
     resident_smem = smem;
   }
+  const int resident =
+      (g_blocks_per_sm > 0 && g_blocks_per_sm < per_sm ? g_blocks_per_sm : per_sm) * sms;
   const int64_t tiles = (p.rows + kWarps * kR - 1) / (kWarps * kR) * p.n_groups;
   const int64_t grid = tiles < resident ? tiles : resident;
   mmvq_kernel<kType, kWarps, kR>
@@ -363,6 +370,10 @@ void launch(MmvqParams p, GgmlType t, int64_t n_groups, int max_n, int warps, co
   p.n_groups = n_groups;
   require_aligned(p.a, 4, op, "a");
   require_aligned(p.y, 4, op, "y");
+  if (g_engine == MmvqEngine::kTensorCore && mmvq_tc::supported(t, p.K, max_n)) {
+    mmvq_tc::launch(p, t, g_tc_stages, g_tc_mode, stream);
+    return;
+  }
   // One token per group: two rows per warp (row_pair) when the doubled tiles fit.
   const bool pair = max_n == 1 && ActLayout(tile_buffer_bytes(2 * warps, p.row_bytes),
                                             mmvq_buffers(2), static_cast<int>(p.K / kQK8_1), 1)
@@ -377,6 +388,26 @@ void launch(MmvqParams p, GgmlType t, int64_t n_groups, int max_n, int warps, co
 }
 
 }  // namespace
+
+void set_mmvq_engine(MmvqEngine e, int tc_stages, int tc_mode) {
+  if (tc_stages != 0 && tc_stages != 4 && tc_stages != 6)
+    throw InputError("cuda::set_mmvq_engine: tc_stages must be 0, 4 or 6, found " +
+                     std::to_string(tc_stages));
+  if (tc_mode < 0 || tc_mode > 3)
+    throw InputError("cuda::set_mmvq_engine: tc_mode must be 0..3, found " +
+                     std::to_string(tc_mode));
+  g_engine = e;
+  g_tc_stages = tc_stages;
+  g_tc_mode = tc_mode;
+}
+
+MmvqEngine mmvq_engine() { return g_engine; }
+
+void set_mmvq_blocks_per_sm(int cap) {
+  if (cap < 0)
+    throw InputError("cuda::set_mmvq_blocks_per_sm: need cap >= 0, found " + std::to_string(cap));
+  g_blocks_per_sm = cap;
+}
 
 void mmvq(GgmlType t, const uint8_t* w, const BlockQ8_1* a, float* y, int64_t rows, int64_t K,
           int64_t T, int warps, void* stream) {

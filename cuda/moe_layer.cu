@@ -127,18 +127,17 @@ void MoeLayer::Impl::reserve_plan(size_t bytes) {
 
 // Input up, q8_1 of x, the router and the logits down on the main stream; then the shared
 // expert forks off to the side stream and runs while the host routes.
-void MoeLayer::Impl::pre_route(const uint16_t* xin, int64_t T, bool download_logits) {
+void MoeLayer::Impl::pre_route(const uint16_t* xin, int64_t T) {
   const MoeConfig& c = w.config;
   const int64_t dim = c.dim, E = c.n_routed;
   std::memcpy(h_x.p, xin, static_cast<size_t>(T * dim * 2));
-  launch({download_logits ? 0 : 3, T, 0, 0, 0}, main, [&](cudaStream_t s) {
+  launch({0, T, 0, 0, 0}, main, [&](cudaStream_t s) {
     MOECHECK_CUDA_CHECK(cudaMemcpyAsync(x.p, h_x.p, T * dim * 2, cudaMemcpyHostToDevice, s));
     quantize_q8_1_bf16(x.as<uint16_t>(), x_q8.as<BlockQ8_1>(), T, dim, s);
     router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(), E, dim, T,
                 s);
-    if (download_logits)
-      MOECHECK_CUDA_CHECK(
-          cudaMemcpyAsync(h_logits.p, logits.p, T * E * 4, cudaMemcpyDeviceToHost, s));
+    MOECHECK_CUDA_CHECK(
+        cudaMemcpyAsync(h_logits.p, logits.p, T * E * 4, cudaMemcpyDeviceToHost, s));
   });
   if (o.shared_side_stream) {
     MOECHECK_CUDA_CHECK(cudaEventRecord(ev_in, main));
@@ -302,7 +301,7 @@ std::vector<uint16_t> MoeLayer::forward(const uint16_t* xin, int64_t T, LayerTap
   LayerPlan plan;
   std::chrono::steady_clock::time_point t_routed;
   if (!on_device) {
-    m.pre_route(xin, T, true);
+    m.pre_route(xin, T);
     MOECHECK_CUDA_CHECK(cudaStreamSynchronize(m.main));
     rt = route_from_logits(m.h_logits.as<float>(), T, RouteBias{m.w.bias, m.w.bias_vl, image_mask},
                            c, m.w.layer);
@@ -314,10 +313,14 @@ std::vector<uint16_t> MoeLayer::forward(const uint16_t* xin, int64_t T, LayerTap
     t_routed = std::chrono::steady_clock::now();
     m.finish(plan, layout, T);
   } else {
-    if (masked) std::memcpy(m.h_mask.p, image_mask, static_cast<size_t>(T));
-    m.pre_route(xin, T, false);
-    m.launch({4, T, masked ? 1 : 0, 0, 0}, m.main,
-             [&](cudaStream_t) { m.device_routed(T, masked); });
+    std::memcpy(m.h_x.p, xin, static_cast<size_t>(T * c.dim * 2));
+    MOECHECK_CUDA_CHECK(
+        cudaMemcpyAsync(m.x.p, m.h_x.p, T * c.dim * 2, cudaMemcpyHostToDevice, m.main));
+    if (masked) {
+      std::memcpy(m.h_mask.p, image_mask, static_cast<size_t>(T));
+      MOECHECK_CUDA_CHECK(cudaMemcpyAsync(m.mask.p, m.h_mask.p, T, cudaMemcpyHostToDevice, m.main));
+    }
+    m.launch({5, T, masked ? 1 : 0, 0, 0}, m.main, [&](cudaStream_t) { m.device_body(T, masked); });
     t_routed = t_start;  // the selection runs inside the enqueued forward (compute_ms)
     m.finish_device(T);
   }

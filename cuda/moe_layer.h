@@ -45,10 +45,22 @@ class MoeLayer {
   // x bf16 [T, dim] (host) -> y bf16 [T, dim]. Any T >= 0. image_mask [T] (nullable): nonzero
   // tokens select with bias_vl (model.py Gate.forward), when the layer has one.
   std::vector<uint16_t> forward(const uint16_t* x, int64_t T, LayerTaps* taps = nullptr,
-                                LayerTiming* timing = nullptr,
-                                const uint8_t* image_mask = nullptr);
+                                LayerTiming* timing = nullptr, const uint8_t* image_mask = nullptr);
 
   const LayerOptions& options() const;
+
+  // The device-resident forward of the device route (route = kDevice; InputError otherwise): the
+  // whole layer, q8_1 and router through the shared expert's join and the bf16 output, as one
+  // CUDA graph (captured per T on first use, replayed after) from the layer's device input
+  // buffer to its device output buffer, enqueued on `stream` (a cudaStream_t; nullptr: the
+  // legacy default stream) with no host copy and no synchronisation. Write x (bf16 [T, dim])
+  // to device_input(T), replay, then read device_output(). The pointers stay valid until a
+  // forward with a larger T. After the stream has finished, device_routing(T) raises the route
+  // header's status (NaN key, miss) as forward() does, else returns the picks and weights.
+  uint16_t* device_input(int64_t T);
+  const uint16_t* device_output() const;
+  void graph_forward(int64_t T, void* stream = nullptr);
+  Routing device_routing(int64_t T);
 
   // The slot table's row of this layer: resident[e] != 0 keeps expert e in its slot, 0 marks it
   // not resident (-1). Until the expert cache fills slots, a forward whose picks include a

@@ -63,8 +63,8 @@ struct MoeLayer::Impl {
   PinnedBuf h_hdr, h_mask;
   std::vector<int32_t> slot_row;
   // Captured launch sequences keyed by (phase, shape...): 0 = before routing (T), 1 = shared
-  // expert (T), 2 = routed experts (P, U and max group, groups, plan bytes), 3 = before the
-  // device route (T; no logits download), 4 = the device route and routed experts (T, masked).
+  // expert (T), 2 = routed experts (P, U and max group, groups, plan bytes), 5 = the whole
+  // device-route forward from x on the device to y on the device (T, masked).
   using GraphKey = std::tuple<int, int64_t, int64_t, int64_t, size_t>;
   std::map<GraphKey, cudaGraphExec_t> graphs;
 
@@ -88,12 +88,18 @@ struct MoeLayer::Impl {
       fn(s);
       return;
     }
+    launch_graph(key, s, s, fn);
+  }
+
+  // fn(capture) captured on the stream `capture` once per key, replayed on `s`.
+  template <class F>
+  void launch_graph(const GraphKey& key, cudaStream_t capture, cudaStream_t s, F fn) {
     auto it = graphs.find(key);
     if (it == graphs.end()) {
       cudaGraph_t g = nullptr;
-      MOECHECK_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      fn(s);
-      MOECHECK_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+      MOECHECK_CUDA_CHECK(cudaStreamBeginCapture(capture, cudaStreamCaptureModeThreadLocal));
+      fn(capture);
+      MOECHECK_CUDA_CHECK(cudaStreamEndCapture(capture, &g));
       cudaGraphExec_t ge = nullptr;
       MOECHECK_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
       MOECHECK_CUDA_CHECK(cudaGraphDestroy(g));
@@ -114,10 +120,12 @@ struct MoeLayer::Impl {
   int32_t* layer_header(int64_t T) const { return hdr.as<int32_t>() + w.layer * header_words(T); }
   void check_resident(const Routing& rt) const;
   void device_routed(int64_t T, bool masked);
+  void device_body(int64_t T, bool masked);
+  void require_graph_route(int64_t T, const char* op);
   Routing header_routing(int64_t T, const uint8_t* image_mask);
   void reserve(int64_t T);
   void reserve_plan(size_t bytes);
-  void pre_route(const uint16_t* xin, int64_t T, bool download_logits);
+  void pre_route(const uint16_t* xin, int64_t T);
   void shared_expert(int64_t T, cudaStream_t s);
   void pack_plan(const LayerPlan& p, const PlanLayout& L);
   void routed(const LayerPlan& p, const PlanLayout& L);

@@ -63,23 +63,26 @@ void MoeLayer::Impl::check_resident(const Routing& rt) const {
   }
 }
 
-// The device route's launches after the router (graph-capturable): the mask up, route_select
-// into this layer's header, route_plan, gate/up MMVQ over the planned groups, SwiGLU + q8_1 on
-// all P pair rows (rows of unused pairs are never read), down MMVQ.
+// The device route's launches after the router (graph-capturable): route_select (the image mask
+// already on the device) into this layer's header, route_plan, gate/up MMVQ over the planned
+// groups, SwiGLU + q8_1 on all P pair rows (rows of unused pairs are never read), down MMVQ.
 void MoeLayer::Impl::device_routed(int64_t T, bool masked) {
   const MoeConfig& c = w.config;
   const int64_t P = T * c.topk, E = c.n_routed;
   const DevicePlanLayout D(T, c.topk);
   const RouteParams rp{
       E, c.topk, c.gate_temp, c.route_scale, static_cast<int>(c.score_func), c.norm_topk_prob};
-  if (masked)
-    MOECHECK_CUDA_CHECK(cudaMemcpyAsync(mask.p, h_mask.p, T, cudaMemcpyHostToDevice, main));
   const int32_t* row = slot_table.as<int32_t>() + w.layer * E;
-  route_select(logits.as<float>(), T, bias.as<float>(),
-               w.bias_vl != nullptr ? bias_vl.as<float>() : nullptr,
-               masked ? mask.as<uint8_t>() : nullptr, rp, row, layer_header(T), main);
+  const float* bvl = w.bias_vl != nullptr ? bias_vl.as<float>() : nullptr;
+  const uint8_t* mk = masked ? mask.as<uint8_t>() : nullptr;
   const auto* const* sp = slot_ptrs.as<const uint8_t*>();
-  route_plan(layer_header(T), T, rp, row, sp, sp + E, sp + 2 * E, dplan.as<uint8_t>(), main);
+  if (T == 1) {  // selection and plan in one launch
+    route_select_plan_one(logits.as<float>(), bias.as<float>(), bvl, mk, rp, row, layer_header(T),
+                          sp, sp + E, sp + 2 * E, dplan.as<uint8_t>(), main);
+  } else {
+    route_select(logits.as<float>(), T, bias.as<float>(), bvl, mk, rp, row, layer_header(T), main);
+    route_plan(layer_header(T), T, rp, row, sp, sp + E, sp + 2 * E, dplan.as<uint8_t>(), main);
+  }
   const auto* slots = reinterpret_cast<const uint8_t* const*>(dplan.as<uint8_t>() + D.slots);
   const auto* groups = reinterpret_cast<const MmvqGroup*>(dplan.as<uint8_t>() + D.groups);
   const auto* counts = reinterpret_cast<const int32_t*>(dplan.as<uint8_t>() + D.counts);
@@ -139,19 +142,67 @@ Routing MoeLayer::Impl::header_routing(int64_t T, const uint8_t* image_mask) {
   return rt;
 }
 
-// The device route's tail: the join, the accumulation over the device plan's rows and weights,
-// the output and the route headers down to the host.
-void MoeLayer::Impl::finish_device(int64_t T) {
+// The whole device-route forward on the main stream (graph-capturable: the shared expert forks
+// to the side stream and joins by events): q8_1 of x and the router, the device route and the
+// routed experts, the join, the accumulation over the device plan's rows and weights into y.
+// x (and the image mask when masked) are already on the device.
+void MoeLayer::Impl::device_body(int64_t T, bool masked) {
   const MoeConfig& c = w.config;
   const DevicePlanLayout D(T, c.topk);
+  quantize_q8_1_bf16(x.as<uint16_t>(), x_q8.as<BlockQ8_1>(), T, c.dim, main);
+  router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(), c.n_routed,
+              c.dim, T, main);
   if (o.shared_side_stream) {
-    MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(main, ev_out, 0));
-  } else {
-    launch({1, T, 0, 0, 0}, main, [&](cudaStream_t s) { shared_expert(T, s); });
+    MOECHECK_CUDA_CHECK(cudaEventRecord(ev_in, main));
+    MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(side, ev_in, 0));
+    shared_expert(T, side);
+    MOECHECK_CUDA_CHECK(cudaEventRecord(ev_out, side));
   }
+  device_routed(T, masked);
+  if (o.shared_side_stream) MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(main, ev_out, 0));
+  else shared_expert(T, main);
   accumulate(reinterpret_cast<const int32_t*>(dplan.as<uint8_t>() + D.rows),
              reinterpret_cast<const float*>(dplan.as<uint8_t>() + D.weights), c.topk,
              down.as<float>(), sd.as<float>(), acc.as<float>(), y.as<uint16_t>(), T, c.dim, main);
+}
+
+uint16_t* MoeLayer::device_input(int64_t T) {
+  Impl& m = *impl_;
+  m.require_graph_route(T, "device_input");
+  return m.x.as<uint16_t>();
+}
+
+const uint16_t* MoeLayer::device_output() const { return impl_->y.as<uint16_t>(); }
+
+void MoeLayer::graph_forward(int64_t T, void* stream) {
+  Impl& m = *impl_;
+  m.require_graph_route(T, "graph_forward");
+  m.launch_graph({5, T, 0, 0, 0}, m.main, static_cast<cudaStream_t>(stream),
+                 [&](cudaStream_t) { m.device_body(T, false); });
+}
+
+Routing MoeLayer::device_routing(int64_t T) {
+  Impl& m = *impl_;
+  m.require_graph_route(T, "device_routing");
+  const size_t words = static_cast<size_t>(m.header_words(T));
+  MOECHECK_CUDA_CHECK(cudaMemcpy(m.h_hdr.as<int32_t>() + m.w.layer * words, m.layer_header(T),
+                                 words * 4, cudaMemcpyDeviceToHost));
+  return m.header_routing(T, nullptr);
+}
+
+// The device-resident forward's preconditions, then scratch for T tokens.
+void MoeLayer::Impl::require_graph_route(int64_t T, const char* op) {
+  const std::string where = "cuda::MoeLayer: layer " + std::to_string(w.layer) + ", " + op + ": ";
+  if (o.route != RoutePlace::kDevice)
+    throw InputError(where + "needs the device route (LayerOptions::route = kDevice)");
+  if (T <= 0) throw InputError(where + "need T >= 1, found " + std::to_string(T));
+  MOECHECK_CUDA_CHECK(cudaSetDevice(o.device));
+  reserve(T);
+}
+
+// The device route's tail: the output and the route headers down to the host.
+void MoeLayer::Impl::finish_device(int64_t T) {
+  const MoeConfig& c = w.config;
   MOECHECK_CUDA_CHECK(cudaMemcpyAsync(h_y.p, y.p, T * c.dim * 2, cudaMemcpyDeviceToHost, main));
   const size_t words = static_cast<size_t>(header_words(T));
   MOECHECK_CUDA_CHECK(cudaMemcpyAsync(h_hdr.as<int32_t>() + w.layer * words, layer_header(T),

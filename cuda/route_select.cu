@@ -1,9 +1,10 @@
-// The device route: route_select (one block per token: scores with core/score_math.h, keys with
-// the token's bias, the NaN rule, top-k by repeated block argmax with ties to the lower id, the
+// The device route: route_select (one warp per token: scores with core/score_math.h, keys with
+// the token's bias, the NaN rule, top-k by repeated warp argmax with ties to the lower id, the
 // weights, the slot lookups and the header's status and error locations) and route_plan (one
-// block: the layer plan of core/layer_plan.h built from the header, in the device plan layout of
-// core/route_header.h, with the slot pointers the MMVQ launches read). Contract: docs/numerics.md
-// "route_select"; twins: emu::route_select and build_layer_plan.
+// block, a parallel scan over the experts: the layer plan of core/layer_plan.h built from the
+// header, in the device plan layout of core/route_header.h, with the slot pointers the MMVQ
+// launches read). Contract: docs/numerics.md "route_select"; twins: emu::route_select and
+// build_layer_plan.
 #include <string>
 
 #include "core/error.h"
@@ -17,7 +18,6 @@
 namespace moecheck::cuda {
 namespace {
 
-constexpr int kSelectThreads = 256;
 constexpr int kPlanThreads = 512;
 constexpr int64_t kMaxRouteExperts = 2048;  // route_plan's shared memory: 16 bytes per expert
 
@@ -28,16 +28,8 @@ __device__ __forceinline__ bool before(float ka, int a, float kb, int b) {
   return ka > kb || (ka == kb && a < b);
 }
 
-// The block's best (key, id) over the experts not yet picked; id -1 when none.
-__device__ void block_argmax(const float* key, const uint8_t* picked, int n, float* red_k,
-                             int* red_i, float& out_k, int& out_i) {
-  float bk = 0.0f;
-  int bi = -1;
-  for (int e = threadIdx.x; e < n; e += blockDim.x)
-    if (!picked[e] && (bi < 0 || before(key[e], e, bk, bi))) {
-      bk = key[e];
-      bi = e;
-    }
+// The warp's best (key, id) of the lanes' candidates (id -1: none) under `before`, in every lane.
+__device__ __forceinline__ void warp_best(float& bk, int& bi) {
   for (int o = 16; o >= 1; o /= 2) {
     const float ok = __shfl_xor_sync(0xFFFFFFFFu, bk, o);
     const int oi = __shfl_xor_sync(0xFFFFFFFFu, bi, o);
@@ -46,25 +38,6 @@ __device__ void block_argmax(const float* key, const uint8_t* picked, int n, flo
       bi = oi;
     }
   }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    red_k[warp] = bk;
-    red_i[warp] = bi;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w)
-      if (red_i[w] >= 0 && (bi < 0 || before(red_k[w], red_i[w], bk, bi))) {
-        bk = red_k[w];
-        bi = red_i[w];
-      }
-    red_k[0] = bk;
-    red_i[0] = bi;
-  }
-  __syncthreads();
-  out_k = red_k[0];
-  out_i = red_i[0];
-  __syncthreads();
 }
 
 struct SelectArgs {
@@ -76,13 +49,19 @@ struct SelectArgs {
   const int32_t* slots;
   int32_t* hdr;
   int64_t T;
+  bool init;  // one token: the kernel writes the header's fixed words itself (no init launch)
+  // route_select_plan_one: the slot pointer arrays and the device plan (nullptr: none).
+  const uint8_t* const* slot_gate = nullptr;
+  const uint8_t* const* slot_up = nullptr;
+  const uint8_t* const* slot_down = nullptr;
+  uint8_t* plan = nullptr;
 };
 
 __device__ __forceinline__ unsigned long long location(int64_t t, int e) {
   return static_cast<unsigned long long>(t) << 32 | static_cast<uint32_t>(e);
 }
 
-__global__ void route_header_init(int32_t* hdr, int64_t T, int64_t k) {
+__device__ __forceinline__ void header_init(int32_t* hdr, int64_t T, int64_t k) {
   const RouteHeaderLayout L{T, k};
   hdr[RouteHeaderLayout::kStatus] = 0;
   hdr[RouteHeaderLayout::kTokens] = static_cast<int32_t>(T);
@@ -91,8 +70,11 @@ __global__ void route_header_init(int32_t* hdr, int64_t T, int64_t k) {
   *reinterpret_cast<unsigned long long*>(hdr + RouteHeaderLayout::kMissLoc) = kRouteNoError;
 }
 
-// Scores s[e] of token row z (core/routing.cpp score_token): softmax's max and sum run on one
-// thread in id order, exactly as the host loops.
+__global__ void route_header_init(int32_t* hdr, int64_t T, int64_t k) { header_init(hdr, T, k); }
+
+// Scores s[e] of token row z (core/routing.cpp score_token), the block's threads over experts
+// (each score is a long f64 chain: one or two per thread); softmax's max and sum run on thread 0
+// in id order, exactly as the host loops.
 __device__ void token_scores(const float* z, const RouteParams& rp, float* s) {
   const int n = static_cast<int>(rp.n_routed);
   if (rp.score_func != static_cast<int>(ScoreFunc::kSoftmax)) {
@@ -126,7 +108,7 @@ __device__ void token_scores(const float* z, const RouteParams& rp, float* s) {
 }
 
 // The NaN rule of route_token: the first expert whose logit or bias is NaN, else the first NaN
-// key; n when none.
+// key; n when none (minima by atomicMin: order-free).
 __device__ int nan_expert(const float* z, const float* b, const float* key, int n) {
   __shared__ int first_in, first_key;
   if (threadIdx.x == 0) {
@@ -139,9 +121,7 @@ __device__ int nan_expert(const float* z, const float* b, const float* key, int 
     if (is_nan(key[e])) atomicMin(&first_key, e);
   }
   __syncthreads();
-  const int bad = first_in < n ? first_in : first_key;
-  __syncthreads();
-  return bad;
+  return first_in < n ? first_in : first_key;
 }
 
 // Thread 0: the weights in pick order (sum, + 1e-20, quotient, route_scale), the slot lookups and
@@ -171,28 +151,76 @@ __device__ void write_token(const SelectArgs& a, int64_t t, const int* ids, cons
   }
 }
 
-// Block t routes token t. Shared memory: scores, keys [n] f32, picked [n] u8.
-__global__ void __launch_bounds__(kSelectThreads) route_select_kernel(SelectArgs a) {
+// One token's plan written by the selecting block itself (route_select_plan_one): the content
+// route_plan gives for T = 1 (each pick its own group of one row, in ascending expert id),
+// scratch included. A nonzero status: zero rows and weights, counts 0 (as route_plan).
+__device__ void one_token_plan(const SelectArgs& a, const int* ids) {
+  const int k = static_cast<int>(a.rp.topk), P = k, U = k;
+  const DevicePlanLayout D(1, k);
+  const RouteHeaderLayout L{1, k};
+  auto* groups = reinterpret_cast<MmvqGroup*>(a.plan + D.groups);
+  auto* rows = reinterpret_cast<int32_t*>(a.plan + D.rows);
+  auto* weights = reinterpret_cast<float*>(a.plan + D.weights);
+  auto* counts = reinterpret_cast<int32_t*>(a.plan + D.counts);
+  auto* pick_pair = reinterpret_cast<int32_t*>(a.plan + D.scratch);
+  const auto** sp = reinterpret_cast<const uint8_t**>(a.plan + D.slots);
+  if (a.hdr[RouteHeaderLayout::kStatus] != 0) {
+    for (int i = 0; i < P; ++i) {
+      rows[i] = 0;
+      weights[i] = 0.0f;
+    }
+    counts[0] = counts[1] = counts[2] = 0;
+    return;
+  }
+  for (int j = 0; j < k; ++j) {  // pick j is the r-th smallest id: pair row, group r
+    int r = 0;
+    for (int q = 0; q < k; ++q) r += ids[q] < ids[j];
+    pick_pair[j] = r;
+    MmvqGroup g{};
+    g.n = 1;
+    g.slot = r;
+    g.y_row[0] = r;
+    groups[r] = g;
+    g.slot = U + r;
+    g.y_row[0] = P + r;
+    groups[P + r] = g;
+    g.slot = 2 * U + r;
+    g.a_row[0] = r;
+    g.y_row[0] = r;
+    groups[2 * P + r] = g;
+    const int32_t slot = a.slots[ids[j]];
+    sp[r] = a.slot_gate[slot];
+    sp[U + r] = a.slot_up[slot];
+    sp[2 * U + r] = a.slot_down[slot];
+    rows[r] = r;
+    weights[r] = __int_as_float(a.hdr[L.weights() + j]);
+  }
+  counts[0] = 2 * k;
+  counts[1] = k;
+  counts[2] = k;
+}
+
+// Block t routes token t (blockDim: one or two experts per thread). Shared memory: scores, keys
+// [n] f32. Scores, keys and the NaN rule over the block; top-k by warp 0, lane l holding experts
+// l + 32 i with its picked flags as the bits i of one word (n <= 2048).
+__global__ void __launch_bounds__(1024) route_select_kernel(SelectArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ float red_k[kSelectThreads / 32];
-  __shared__ int red_i[kSelectThreads / 32];
-  __shared__ int ids[64];
   const int n = static_cast<int>(a.rp.n_routed), k = static_cast<int>(a.rp.topk);
+  const int lane = static_cast<int>(threadIdx.x);
   const int64_t t = blockIdx.x;
+  if (a.init && threadIdx.x == 0) header_init(a.hdr, a.T, k);
   float* s = reinterpret_cast<float*>(smem);
   float* key = s + n;
-  uint8_t* picked = reinterpret_cast<uint8_t*>(key + n);
   const float* z = a.logits + t * n;
   const float* b = a.bias_vl != nullptr && a.mask != nullptr && a.mask[t] != 0 ? a.bias_vl : a.bias;
   token_scores(z, a.rp, s);
-  for (int e = threadIdx.x; e < n; e += blockDim.x) {
-    key[e] = add_rn(s[e], b[e]);
-    picked[e] = 0;
-  }
+  for (int e = threadIdx.x; e < n; e += blockDim.x) key[e] = add_rn(s[e], b[e]);
   __syncthreads();
   const int bad = nan_expert(z, b, key, n);
+  if (threadIdx.x >= kWarpSize) return;
+  __shared__ int ids[64];
   if (bad < n) {
-    if (threadIdx.x == 0) {
+    if (lane == 0) {
       const RouteHeaderLayout L{a.T, k};
       atomicOr(&a.hdr[RouteHeaderLayout::kStatus], kRouteNaN);
       atomicMin(reinterpret_cast<unsigned long long*>(a.hdr + RouteHeaderLayout::kNaNLoc),
@@ -202,20 +230,28 @@ __global__ void __launch_bounds__(kSelectThreads) route_select_kernel(SelectArgs
         a.hdr[L.weights() + t * k + j] = 0;
         a.hdr[L.slots() + t * k + j] = -1;
       }
+      if (a.plan != nullptr) one_token_plan(a, ids);
     }
     return;
   }
+  unsigned long long picked = 0;
   for (int j = 0; j < k; ++j) {
-    float bk;
-    int bi;
-    block_argmax(key, picked, n, red_k, red_i, bk, bi);
-    if (threadIdx.x == 0) {
-      ids[j] = bi;
-      picked[bi] = 1;
-    }
-    __syncthreads();
+    float bk = 0.0f;
+    int bi = -1;
+    for (int e = lane, i = 0; e < n; e += kWarpSize, ++i)
+      if (!(picked >> i & 1ull) && (bi < 0 || before(key[e], e, bk, bi))) {
+        bk = key[e];
+        bi = e;
+      }
+    warp_best(bk, bi);
+    if (lane == 0) ids[j] = bi;
+    if (bi % kWarpSize == lane) picked |= 1ull << (bi / kWarpSize);
   }
-  if (threadIdx.x == 0) write_token(a, t, ids, s);
+  __syncwarp();
+  if (lane == 0) {
+    write_token(a, t, ids, s);
+    if (a.plan != nullptr) one_token_plan(a, ids);
+  }
 }
 
 struct PlanArgs {
@@ -285,6 +321,51 @@ __device__ void token_accumulation(const PlanArgs& a, int64_t t, const int32_t* 
   }
 }
 
+// Pair rows and groups in ascending expert id: each thread takes a contiguous run of experts,
+// the block scans the runs' (pairs, used experts, groups) exclusively (integers: exact), then
+// each thread writes its run's first pair row, used-expert index and first group. Thread
+// blockDim - 1 writes the totals: counts {2G, G, U} and *U_out. Ends synchronised.
+__device__ void scan_experts(int n, const int* cnt, int* first, int* uidx, int* gfirst,
+                             int32_t* counts, int* U_out) {
+  __shared__ int3 warp_sum[kPlanThreads / kWarpSize];
+  const int per = (n + kPlanThreads - 1) / kPlanThreads;
+  const int e0 = static_cast<int>(threadIdx.x) * per, e1 = min(e0 + per, n);
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  int3 v = make_int3(0, 0, 0);
+  for (int e = e0; e < e1; ++e) {
+    v.x += cnt[e];
+    v.y += cnt[e] > 0 ? 1 : 0;
+    v.z += (cnt[e] + kMaxGroupRows - 1) / kMaxGroupRows;
+  }
+  int3 inc = v;  // inclusive scan over the warp
+  for (int o = 1; o < kWarpSize; o *= 2) {
+    const int x = __shfl_up_sync(0xFFFFFFFFu, inc.x, o), y = __shfl_up_sync(0xFFFFFFFFu, inc.y, o),
+              z = __shfl_up_sync(0xFFFFFFFFu, inc.z, o);
+    if (lane >= o) inc = make_int3(inc.x + x, inc.y + y, inc.z + z);
+  }
+  if (lane == kWarpSize - 1) warp_sum[warp] = inc;
+  __syncthreads();
+  int3 base = make_int3(inc.x - v.x, inc.y - v.y, inc.z - v.z);
+  for (int w = 0; w < warp; ++w)
+    base = make_int3(base.x + warp_sum[w].x, base.y + warp_sum[w].y, base.z + warp_sum[w].z);
+  for (int e = e0; e < e1; ++e) {
+    first[e] = base.x;
+    uidx[e] = cnt[e] > 0 ? base.y : -1;
+    gfirst[e] = base.z;
+    base.x += cnt[e];
+    base.y += cnt[e] > 0 ? 1 : 0;
+    base.z += (cnt[e] + kMaxGroupRows - 1) / kMaxGroupRows;
+  }
+  if (threadIdx.x == kPlanThreads - 1) {
+    counts[0] = 2 * base.z;
+    counts[1] = base.z;
+    counts[2] = base.y;
+    *U_out = base.y;
+  }
+  __syncthreads();
+}
+
 // One block. Shared memory: cnt, first, uidx, gfirst [n] i32.
 __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(PlanArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -314,21 +395,7 @@ __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(PlanArgs a) {
   for (int64_t i = threadIdx.x; i < P; i += blockDim.x)
     atomicAdd(&cnt[a.hdr[RouteHeaderLayout::kPicks + i]], 1);
   __syncthreads();
-  if (threadIdx.x == 0) {  // pair rows and groups in ascending expert id
-    int pairs = 0, U = 0, G = 0;
-    for (int e = 0; e < n; ++e) {
-      first[e] = pairs;
-      uidx[e] = cnt[e] > 0 ? U++ : -1;
-      gfirst[e] = G;
-      pairs += cnt[e];
-      G += (cnt[e] + kMaxGroupRows - 1) / kMaxGroupRows;
-    }
-    U_sh = U;
-    counts[0] = 2 * G;
-    counts[1] = G;
-    counts[2] = U;
-  }
-  __syncthreads();
+  scan_experts(n, cnt, first, uidx, gfirst, counts, &U_sh);
   for (int e = threadIdx.x; e < n; e += blockDim.x)
     if (cnt[e] > 0)
       expert_groups(a, e, cnt[e], first[e], uidx[e], U_sh, gfirst[e], groups, pick_pair);
@@ -337,25 +404,55 @@ __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(PlanArgs a) {
     token_accumulation(a, t, pick_pair, rows, weights);
 }
 
-}  // namespace
-
-void route_select(const float* logits, int64_t T, const float* bias, const float* bias_vl,
-                  const uint8_t* image_mask, const RouteParams& rp, const int32_t* slots,
-                  int32_t* hdr, void* stream) {
+void check_select(int64_t T, const RouteParams& rp) {
   const std::string where = "cuda::route_select: ";
   if (T < 0 || T > 0x7FFFFFFF || rp.n_routed < 1 || rp.n_routed > kMaxRouteExperts || rp.topk < 1 ||
       rp.topk > 64 || rp.topk > rp.n_routed)
     throw InputError(where + "need 0 <= T < 2^31, 1 <= n_routed <= 2048, 1 <= topk <= min(64, " +
                      "n_routed), found T=" + std::to_string(T) + " n_routed=" +
                      std::to_string(rp.n_routed) + " topk=" + std::to_string(rp.topk));
+}
+
+// One block per token, one thread per expert (two beyond 1024 experts), at least one warp.
+void launch_select(const SelectArgs& a, void* stream) {
+  const int64_t n = a.rp.n_routed;
+  const int threads =
+      static_cast<int>(n > 1024 ? 1024 : (n + kWarpSize - 1) / kWarpSize * kWarpSize);
+  const size_t smem = static_cast<size_t>(n) * 8;
+  route_select_kernel<<<static_cast<unsigned>(a.T), threads, smem, as_stream(stream)>>>(a);
+  MOECHECK_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void route_select(const float* logits, int64_t T, const float* bias, const float* bias_vl,
+                  const uint8_t* image_mask, const RouteParams& rp, const int32_t* slots,
+                  int32_t* hdr, void* stream) {
+  check_select(T, rp);
   require_aligned(hdr, 8, "route_select", "hdr");
-  route_header_init<<<1, 1, 0, as_stream(stream)>>>(hdr, T, rp.topk);
-  MOECHECK_CUDA_CHECK(cudaGetLastError());
+  if (T != 1) {  // several tokens' warps update the status: the fixed words first
+    route_header_init<<<1, 1, 0, as_stream(stream)>>>(hdr, T, rp.topk);
+    MOECHECK_CUDA_CHECK(cudaGetLastError());
+  }
   if (T == 0) return;
-  const SelectArgs a{logits, bias, bias_vl, image_mask, rp, slots, hdr, T};
-  const size_t smem = static_cast<size_t>(rp.n_routed) * 9;
-  route_select_kernel<<<static_cast<unsigned>(T), kSelectThreads, smem, as_stream(stream)>>>(a);
-  MOECHECK_CUDA_CHECK(cudaGetLastError());
+  const SelectArgs a{logits, bias, bias_vl, image_mask, rp, slots, hdr, T, T == 1};
+  launch_select(a, stream);
+}
+
+void route_select_plan_one(const float* logits, const float* bias, const float* bias_vl,
+                           const uint8_t* image_mask, const RouteParams& rp, const int32_t* slots,
+                           int32_t* hdr, const uint8_t* const* slot_gate,
+                           const uint8_t* const* slot_up, const uint8_t* const* slot_down,
+                           uint8_t* plan, void* stream) {
+  check_select(1, rp);
+  require_aligned(hdr, 8, "route_select_plan_one", "hdr");
+  require_aligned(plan, 16, "route_select_plan_one", "plan");
+  SelectArgs a{logits, bias, bias_vl, image_mask, rp, slots, hdr, 1, true};
+  a.slot_gate = slot_gate;
+  a.slot_up = slot_up;
+  a.slot_down = slot_down;
+  a.plan = plan;
+  launch_select(a, stream);
 }
 
 void route_plan(const int32_t* hdr, int64_t T, const RouteParams& rp, const int32_t* slots,

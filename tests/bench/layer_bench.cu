@@ -6,12 +6,14 @@
 // warm-ups, over 64 rotating inputs (different experts). Before timing, each option set's
 // forward on the first input is checked bit for bit against emu::MoeLayer (exit 1 if not).
 // Markdown table last.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <string>
 #include <vector>
 
+#include "cuda/kernels.h"
 #include "cuda/moe_layer.h"
 #include "emulate/moe_layer.h"
 #include "golden/generator.h"
@@ -19,7 +21,119 @@
 
 using namespace moecheck;
 
-int main() {
+namespace {
+
+// Weight bytes one forward reads with U distinct experts: the router, U experts' gate / up / down
+// and the shared expert.
+double layer_bytes(const LayerWeights& w, int64_t U) {
+  const MoeConfig& c = w.config;
+  double b = static_cast<double>(c.n_routed * c.dim * 2);
+  b += static_cast<double>(U) *
+       static_cast<double>(w.gate_exps.expert_stride() + w.up_exps.expert_stride() +
+                           w.down_exps.expert_stride());
+  for (const MatView* m : {&w.shared_gate, &w.shared_up, &w.shared_down})
+    b += static_cast<double>(m->rows * m->row_stride());
+  return b;
+}
+
+struct GraphResult {
+  std::string name;
+  int64_t T;
+  double dev_us, host_us, floor_us;
+};
+
+// The device-resident forward (cuda::MoeLayer::graph_forward): one graph replay per input, from
+// an input already on the device to the output on the device. Inputs rotate among 64, copied
+// device-to-device into the layer's input buffer outside the timed span; event-timed replay and
+// the host wall time of replay + synchronise, medians of 200 after 20 warm-ups. The first two
+// inputs' outputs are checked against emu::MoeLayer bit for bit before any timing.
+GraphResult time_graph(const LayerWeights& w, const cuda::LayerOptions& lo, int64_t T, double copy,
+                       const std::string& name) {
+  const int64_t dim = w.config.dim, n_in = 64;
+  cuda::MoeLayer layer(w, lo);
+  std::vector<uint16_t> xs;
+  for (int64_t i = 0; i < n_in; ++i) {
+    const auto x = generate_input(static_cast<uint64_t>(2000 + i), T, dim);
+    xs.insert(xs.end(), x.begin(), x.end());
+  }
+  uint16_t* pool = nullptr;
+  MOECHECK_CUDA_CHECK(cudaMalloc(&pool, xs.size() * 2));
+  MOECHECK_CUDA_CHECK(cudaMemcpy(pool, xs.data(), xs.size() * 2, cudaMemcpyHostToDevice));
+  cudaStream_t s;
+  MOECHECK_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  uint16_t* in = layer.device_input(T);
+  auto load = [&](int64_t i) {
+    MOECHECK_CUDA_CHECK(
+        cudaMemcpyAsync(in, pool + (i % n_in) * T * dim, T * dim * 2, cudaMemcpyDeviceToDevice, s));
+  };
+  emu::LayerOptions eo;
+  eo.router = lo.router;
+  const emu::MoeLayer ref(w, eo);
+  for (int64_t v = 0; v < 2; ++v) {
+    load(v);
+    layer.graph_forward(T, s);
+    MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+    bench::require_emu_bits("layer output (" + name + ", input " + std::to_string(v) + ")",
+                            layer.device_output(), ref.forward(xs.data() + v * T * dim, T));
+  }
+  cudaEvent_t a, b;
+  MOECHECK_CUDA_CHECK(cudaEventCreate(&a));
+  MOECHECK_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> dev, host, floor;
+  for (int i = 0; i < 220; ++i) {
+    load(i);
+    MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+    const auto t0 = std::chrono::steady_clock::now();
+    MOECHECK_CUDA_CHECK(cudaEventRecord(a, s));
+    layer.graph_forward(T, s);
+    MOECHECK_CUDA_CHECK(cudaEventRecord(b, s));
+    MOECHECK_CUDA_CHECK(cudaEventSynchronize(b));
+    const auto t1 = std::chrono::steady_clock::now();
+    if (i < 20) continue;
+    float ms = 0;
+    MOECHECK_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    dev.push_back(ms * 1e3);
+    host.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    const Routing rt = layer.device_routing(T);
+    std::vector<int32_t> ids = rt.ids;
+    std::sort(ids.begin(), ids.end());
+    const auto U = std::unique(ids.begin(), ids.end()) - ids.begin();
+    floor.push_back(layer_bytes(w, U) / (copy * 1e9) * 1e6);
+  }
+  MOECHECK_CUDA_CHECK(cudaEventDestroy(a));
+  MOECHECK_CUDA_CHECK(cudaEventDestroy(b));
+  MOECHECK_CUDA_CHECK(cudaStreamDestroy(s));
+  MOECHECK_CUDA_CHECK(cudaFree(pool));
+  return {name, T, bench::median(dev), bench::median(host), bench::median(floor)};
+}
+
+// The staged router alone on the layer's router weights (3.9 MB at ds41), event-timed single
+// launches (median of 200): its share of the device-timed layer.
+double router_us(const LayerWeights& w) {
+  const MoeConfig& c = w.config;
+  uint16_t *r = nullptr, *x = nullptr;
+  float* y = nullptr;
+  MOECHECK_CUDA_CHECK(cudaMalloc(&r, c.n_routed * c.dim * 2));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&x, c.dim * 2));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&y, c.n_routed * 4));
+  MOECHECK_CUDA_CHECK(cudaMemcpy(r, w.router, c.n_routed * c.dim * 2, cudaMemcpyHostToDevice));
+  const auto xin = generate_input(7, 1, c.dim);
+  MOECHECK_CUDA_CHECK(cudaMemcpy(x, xin.data(), c.dim * 2, cudaMemcpyHostToDevice));
+  const double ms = bench::time_ms(
+      [&] { cuda::router_gemv(RouterVariant::kStaged, r, x, y, c.n_routed, c.dim, 1, nullptr); },
+      20, 200, nullptr);
+  MOECHECK_CUDA_CHECK(cudaFree(r));
+  MOECHECK_CUDA_CHECK(cudaFree(x));
+  MOECHECK_CUDA_CHECK(cudaFree(y));
+  return ms * 1e3;
+}
+
+}  // namespace
+
+// `layer_bench graph` times only the one-token device-resident graph (for profilers).
+int main(int argc, char** argv) {
+  const bool graph_only = argc > 1 && std::string(argv[1]) == "graph";
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a failed check's exit(1) keeps every line printed
   const double copy = bench::copy_bandwidth_gbs();
   std::printf("GPU: %s\ndevice-to-device copy: %.0f GB/s (read + write, 1 GiB, median of 25)\n",
               bench::gpu_name().c_str(), copy);
@@ -65,6 +179,7 @@ int main() {
     double ms, route_ms, floor_ms;
   };
   std::vector<Result> res;
+  if (graph_only) vs.clear();
   for (const Variant& v : vs) {
     cuda::MoeLayer layer(w, v.opt);
     std::vector<std::vector<uint16_t>> xs;
@@ -93,6 +208,28 @@ int main() {
     res.push_back({v.name, v.T, bench::median(t), bench::median(route), floor_ms});
   }
 
+  // The device-resident forward as one graph, event-timed.
+  std::vector<GraphResult> gres;
+  {
+    cuda::LayerOptions lo;
+    lo.route = RoutePlace::kDevice;
+    gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph"));
+    if (!graph_only) {
+      // The routed MMVQ's grid capped, so the shared expert's GEMVs can run beside it.
+      for (int cap : {2, 1}) {
+        cuda::set_mmvq_blocks_per_sm(cap);
+        gres.push_back(time_graph(
+            w, lo, 1, copy,
+            "device route, one graph, MMVQ at " + std::to_string(cap) + " block(s) per SM"));
+      }
+      cuda::set_mmvq_blocks_per_sm(0);
+      gres.push_back(time_graph(w, lo, 8, copy, "device route, one graph, T=8"));
+      lo.shared_side_stream = false;
+      gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph, no side stream"));
+    }
+  }
+  const double router = router_us(w);
+
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
@@ -105,5 +242,17 @@ int main() {
     std::printf("| %s | %lld | %.1f | %.1f | %.1f | %.2fx |\n", r.name.c_str(),
                 static_cast<long long>(r.T), r.ms * 1e3, r.route_ms * 1e3, r.floor_ms * 1e3,
                 r.ms / r.floor_ms);
+  std::printf(
+      "\n#### device-resident forward, one graph replay (input and output on the device)\n\n"
+      "| options | T | device us (events, median) | host us (replay + sync) | floor us | device "
+      "/ floor |\n|---|---|---|---|---|---|\n");
+  for (const GraphResult& r : gres)
+    std::printf("| %s | %lld | %.1f | %.1f | %.1f | %.2fx |\n", r.name.c_str(),
+                static_cast<long long>(r.T), r.dev_us, r.host_us, r.floor_us,
+                r.dev_us / r.floor_us);
+  std::printf(
+      "\nrouter_gemv staged alone (event-timed launch, median of 200): %.1f us = %.0f%% of "
+      "the one-token device-resident layer\n",
+      router, 100.0 * router / gres[0].dev_us);
   return 0;
 }

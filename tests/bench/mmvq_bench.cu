@@ -1,11 +1,11 @@
 // Kernel benchmarks at the seeds' one-token shapes: MMVQ over the six selected experts in one
-// launch (gate: 6 x [2304, 5120] Q2_K; gate+up: 12 of them; down: 6 x [5120, 2304] Q3_K) at 2, 4
-// and 8 warps, the router GEMV (plain, staged) and the shared expert's bf16 GEMVs. Each kernel is
-// first checked bit for bit against its emulation twin on the same bytes (exit 1 if not). Each
-// result is weight bytes / kernel time against the device-to-device copy bandwidth measured
-// first in this process. Weights rotate among sets whose total is several times L2, so no launch
-// finds its weights cached; launches are replayed from a CUDA graph (launch gaps out). Markdown
-// table last.
+// launch (gate: 6 x [2304, 5120] Q2_K; gate+up: 12 of them; down: 6 x [5120, 2304] Q3_K) with the
+// dp4a kernel and the tensor-core engine, the router GEMV (plain, staged) and the shared expert's
+// bf16 GEMVs. Each kernel is first checked bit for bit against its emulation twin on the same bytes
+// (exit 1 if not). Each result is weight bytes / kernel time against the device-to-device copy
+// bandwidth measured first in this process. Weights rotate among sets whose total is several times
+// L2, so no launch finds its weights cached; launches are replayed from a CUDA graph (launch gaps
+// out). Markdown table last.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -26,10 +26,26 @@ using moecheck::bench::time_ms;
 namespace {
 
 struct Row {
-  std::string kernel, shape;
-  int warps;
+  std::string kernel, shape, engine;
   double us, gbs, frac;
 };
+
+// The MMVQ engines timed side by side (cuda/kernels.h MmvqEngine): the dp4a kernel at 8 warps
+// (the previous default) and the tensor-core engine at 3 and 4 tile stages.
+struct Engine {
+  const char* name;
+  cuda::MmvqEngine e;
+  int warps, stages, mode;
+  bool diagnostic;  // copies only: not validated, no output (the copy pipeline's own rate)
+};
+const Engine kEngines[] = {
+    {"dp4a, 8 warps", cuda::MmvqEngine::kDp4a, 8, 0, 0, false},
+    {"tensor cores, bulk copies, 4 stages", cuda::MmvqEngine::kTensorCore, 8, 4, 0, false},
+    {"tensor cores, bulk copies, 6 stages", cuda::MmvqEngine::kTensorCore, 8, 6, 0, false},
+    {"tensor cores, cp.async, 4 stages", cuda::MmvqEngine::kTensorCore, 8, 4, 1, false},
+    {"tensor cores, cp.async, 6 stages", cuda::MmvqEngine::kTensorCore, 8, 6, 1, false},
+    {"diagnostic: bulk copies alone, 4 stages", cuda::MmvqEngine::kTensorCore, 8, 4, 2, true},
+    {"diagnostic: cp.async alone, 4 stages", cuda::MmvqEngine::kTensorCore, 8, 4, 3, true}};
 
 // Per-launch microseconds of `launch(i)` for i = 0..n-1 captured in one graph, median of 20
 // graph replays after 3 warm-ups.
@@ -49,6 +65,7 @@ double graph_us(const std::function<void(int, cudaStream_t)>& launch, int n, cud
 }  // namespace
 
 int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a failed check's exit(1) keeps every line printed
   const double copy = bench::copy_bandwidth_gbs();
   std::printf("GPU: %s\ndevice-to-device copy: %.0f GB/s (read + write, 1 GiB, median of 25)\n",
               bench::gpu_name().c_str(), copy);
@@ -96,8 +113,11 @@ int main() {
     emu::mmvq_experts(GgmlType::kQ2K, hg.data(), 2 * nsel, xq.data(), false, want_gu.data(), inter,
                       dim);
     emu::mmvq_experts(GgmlType::kQ3K, hd.data(), nsel, hq.data(), true, want_d.data(), dim, inter);
-    for (int warps : {2, 4, 8}) {
-      const std::string w = " at " + std::to_string(warps) + " warps";
+    for (const Engine& eng : kEngines) {
+      if (eng.diagnostic) continue;
+      cuda::set_mmvq_engine(eng.e, eng.stages, eng.mode);
+      const int warps = eng.warps;
+      const std::string w = std::string(" (") + eng.name + ")";
       cuda::mmvq_experts(GgmlType::kQ2K, d_tab, 2 * nsel, x_q8, false, y, inter, dim, warps, s);
       MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
       bench::require_emu_bits("mmvq_experts Q2_K gate+up" + w, y, want_gu);
@@ -111,14 +131,16 @@ int main() {
   std::vector<Row> rows;
   const int n = 4 * static_cast<int>(sets);  // launches per graph, rotating the sets
   auto table = [&](int i) { return d_tab + (i % sets) * 3 * nsel; };
-  for (int warps : {2, 4, 8}) {
+  for (const Engine& eng : kEngines) {
+    cuda::set_mmvq_engine(eng.e, eng.stages, eng.mode);
+    const int warps = eng.warps;
     double us = graph_us(
         [&](int i, cudaStream_t st) {
           cuda::mmvq_experts(GgmlType::kQ2K, table(i), nsel, x_q8, false, y, inter, dim, warps, st);
         },
         n, s);
     double b = static_cast<double>(nsel * gate_stride);
-    rows.push_back({"mmvq_experts Q2_K gate", "6 x [2304, 5120]", warps, us, b / us * 1e-3,
+    rows.push_back({"mmvq_experts Q2_K gate", "6 x [2304, 5120]", eng.name, us, b / us * 1e-3,
                     b / us * 1e-3 / copy});
     us = graph_us(
         [&](int i, cudaStream_t st) {
@@ -127,7 +149,7 @@ int main() {
         },
         n, s);
     b = static_cast<double>(2 * nsel * gate_stride);
-    rows.push_back({"mmvq_experts Q2_K gate+up", "12 x [2304, 5120]", warps, us, b / us * 1e-3,
+    rows.push_back({"mmvq_experts Q2_K gate+up", "12 x [2304, 5120]", eng.name, us, b / us * 1e-3,
                     b / us * 1e-3 / copy});
     us = graph_us(
         [&](int i, cudaStream_t st) {
@@ -136,9 +158,10 @@ int main() {
         },
         n, s);
     b = static_cast<double>(nsel * down_stride);
-    rows.push_back({"mmvq_experts Q3_K down", "6 x [5120, 2304]", warps, us, b / us * 1e-3,
+    rows.push_back({"mmvq_experts Q3_K down", "6 x [5120, 2304]", eng.name, us, b / us * 1e-3,
                     b / us * 1e-3 / copy});
   }
+  cuda::set_mmvq_engine(cuda::MmvqEngine::kDp4a);
   // Stream launches (no graph) of the gate+up form, for the launch overhead.
   {
     int i = 0;
@@ -149,8 +172,8 @@ int main() {
         },
         5, 50, s);
     const double b = static_cast<double>(2 * nsel * gate_stride);
-    rows.push_back({"mmvq_experts Q2_K gate+up (stream, events)", "12 x [2304, 5120]", 8, ms * 1e3,
-                    b / (ms * 1e3) * 1e-3, b / (ms * 1e3) * 1e-3 / copy});
+    rows.push_back({"mmvq_experts Q2_K gate+up (stream, events)", "12 x [2304, 5120]", "default",
+                    ms * 1e3, b / (ms * 1e3) * 1e-3, b / (ms * 1e3) * 1e-3 / copy});
   }
   // Router [384, 5120] bf16 (16 copies rotate: 63 MB) and the shared expert's bf16 GEMVs.
   {
@@ -179,7 +202,7 @@ int main() {
           },
           n, s);
       rows.push_back({v == RouterVariant::kPlain ? "router_gemv plain" : "router_gemv staged",
-                      "[384, 5120] T=1", 0, us, rb / us * 1e-3, rb / us * 1e-3 / copy});
+                      "[384, 5120] T=1", "-", us, rb / us * 1e-3, rb / us * 1e-3 / copy});
     }
     const int64_t sb = inter * dim * 2, nsh = 4;  // 4 copies of (gate, up, down): 283 MB
     uint8_t* spool = nullptr;
@@ -212,12 +235,12 @@ int main() {
           cuda::bf16_gemv_pair(mat(i, 0), mat(i, 1), x, y, y + inter, inter, dim, 1, st);
         },
         n, s);
-    rows.push_back({"bf16_gemv_pair shared gate+up", "2 x [2304, 5120] T=1", 0, us,
+    rows.push_back({"bf16_gemv_pair shared gate+up", "2 x [2304, 5120] T=1", "-", us,
                     2.0 * sb / us * 1e-3, 2.0 * sb / us * 1e-3 / copy});
     us = graph_us(
         [&](int i, cudaStream_t st) { cuda::bf16_gemv(mat(i, 2), hb, y, dim, inter, 1, st); }, n,
         s);
-    rows.push_back({"bf16_gemv shared down", "[5120, 2304] T=1", 0, us, sb / us * 1e-3,
+    rows.push_back({"bf16_gemv shared down", "[5120, 2304] T=1", "-", us, sb / us * 1e-3,
                     sb / us * 1e-3 / copy});
   }
 
@@ -227,10 +250,10 @@ int main() {
   std::printf("\n### mmvq_bench: %s, %s, copy %.0f GB/s\n\n", bench::gpu_name().c_str(), date,
               copy);
   std::printf(
-      "| kernel | shape | warps | us / launch | weight GB/s | of copy "
+      "| kernel | shape | engine | us / launch | weight GB/s | of copy "
       "|\n|---|---|---|---|---|---|\n");
   for (const Row& r : rows)
     std::printf("| %s | %s | %s | %.2f | %.0f | %.0f%% |\n", r.kernel.c_str(), r.shape.c_str(),
-                r.warps ? std::to_string(r.warps).c_str() : "-", r.us, r.gbs, 100.0 * r.frac);
+                r.engine.c_str(), r.us, r.gbs, 100.0 * r.frac);
   return 0;
 }

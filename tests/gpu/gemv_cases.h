@@ -19,12 +19,14 @@ struct GemvCase {
   std::vector<uint16_t> w, x;
 };
 
-inline GemvCase make_gemv_case(uint64_t seed) {
+// force_T > 0 replaces the drawn token count (the one-token kernels' cases).
+inline GemvCase make_gemv_case(uint64_t seed, int64_t force_T = 0) {
   emutest::Gen g(seed);
   GemvCase c;
   c.rows = 1 + g.u32() % 70;
   c.K = 8 * (1 + static_cast<int64_t>(g.u32() % 400));  // any multiple of 8, not only of 256
   c.T = 1 + g.u32() % 11;
+  if (force_T > 0) c.T = force_T;
   c.w = g.bf16(c.rows * c.K, 0.05);
   c.x = g.bf16(c.T * c.K, 1.0);
   switch (seed % 5) {
@@ -51,8 +53,9 @@ inline GemvCase make_gemv_case(uint64_t seed) {
 // device (twice, output poisoned before each run): bitwise equal, or the first mismatch with a
 // repro line.
 template <class Emu, class Dev>
-void check_gemv_case(uint64_t seed, const std::string& stage, Emu emu, Dev dev) {
-  const GemvCase c = make_gemv_case(seed);
+void check_gemv_case(uint64_t seed, const std::string& stage, Emu emu, Dev dev,
+                     int64_t force_T = 0) {
+  const GemvCase c = make_gemv_case(seed, force_T);
   std::vector<float> want(static_cast<size_t>(c.T * c.rows));
   emu(c.w.data(), c.x.data(), want.data(), c.rows, c.K, c.T);
   DevArray<uint16_t> dw(c.w), dx(c.x);

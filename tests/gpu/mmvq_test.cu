@@ -58,13 +58,25 @@ struct OffsetCopy {
   }
 };
 
-class MmvqTest : public ::testing::TestWithParam<std::tuple<GgmlType, int>> {};
+// (type, warps, engine): engine 0 is the dp4a kernel, 4 the tensor-core engine with bulk copies
+// and 4 tile stages, 14 the same with 16-byte cp.async copies (one-token launches; launches with
+// larger groups still take the dp4a kernel).
+class MmvqTest : public ::testing::TestWithParam<std::tuple<GgmlType, int, int>> {
+ protected:
+  void SetUp() override {
+    const int e = std::get<2>(GetParam());
+    cuda::set_mmvq_engine(e == 0 ? cuda::MmvqEngine::kDp4a : cuda::MmvqEngine::kTensorCore, e % 10,
+                          e / 10);
+  }
+  void TearDown() override { cuda::set_mmvq_engine(cuda::MmvqEngine::kDp4a); }
+};
 
 TEST_P(MmvqTest, PlainEqualsEmu_100Seeds) {
   MOECHECK_REQUIRE_GPU();
-  const auto [type, warps] = GetParam();
+  const auto [type, warps, engine] = GetParam();
   for (uint64_t seed = 1; seed <= 100; ++seed) {
-    emutest::Gen g(seed * 7919 + static_cast<uint64_t>(type) * 31 + static_cast<uint64_t>(warps));
+    emutest::Gen g(seed * 7919 + static_cast<uint64_t>(type) * 31 + static_cast<uint64_t>(warps) +
+                   static_cast<uint64_t>(engine) * 1009);
     const int64_t K = kQK_K * (1 + static_cast<int64_t>(g.u32() % 9));
     const int64_t rows = 1 + g.u32() % 37;
     const int64_t T = 1 + g.u32() % 11;  // crosses the 8-row group boundary
@@ -90,9 +102,10 @@ TEST_P(MmvqTest, PlainEqualsEmu_100Seeds) {
 
 TEST_P(MmvqTest, ExpertsEqualsEmu_100Seeds) {
   MOECHECK_REQUIRE_GPU();
-  const auto [type, warps] = GetParam();
+  const auto [type, warps, engine] = GetParam();
   for (uint64_t seed = 1; seed <= 100; ++seed) {
-    emutest::Gen g(seed * 104729 + static_cast<uint64_t>(type) * 17 + static_cast<uint64_t>(warps));
+    emutest::Gen g(seed * 104729 + static_cast<uint64_t>(type) * 17 + static_cast<uint64_t>(warps) +
+                   static_cast<uint64_t>(engine) * 1009);
     const int64_t K = kQK_K * (1 + static_cast<int64_t>(g.u32() % 4));
     const int64_t rows = 1 + g.u32() % 20;
     const int64_t n = 1 + g.u32() % 12;
@@ -135,9 +148,10 @@ TEST_P(MmvqTest, ExpertsEqualsEmu_100Seeds) {
 // row by row: no (row, token) result depends on the grouping.
 TEST_P(MmvqTest, GroupsEqualsEmu_100Seeds) {
   MOECHECK_REQUIRE_GPU();
-  const auto [type, warps] = GetParam();
+  const auto [type, warps, engine] = GetParam();
   for (uint64_t seed = 1; seed <= 100; ++seed) {
-    emutest::Gen g(seed * 15485863 + static_cast<uint64_t>(type) + static_cast<uint64_t>(warps));
+    emutest::Gen g(seed * 15485863 + static_cast<uint64_t>(type) + static_cast<uint64_t>(warps) +
+                   static_cast<uint64_t>(engine) * 1009);
     const int64_t K = kQK_K * (1 + static_cast<int64_t>(g.u32() % 3));
     const int64_t rows = 1 + g.u32() % 17;
     const int64_t n_slots = 1 + g.u32() % 4, A = 1 + g.u32() % 12;
@@ -149,6 +163,7 @@ TEST_P(MmvqTest, GroupsEqualsEmu_100Seeds) {
     for (auto& gr : groups) {
       gr.slot = static_cast<int32_t>(g.u32() % n_slots);
       gr.n = static_cast<int32_t>(1 + g.u32() % kMaxGroupRows);
+      if (seed % 2 == 1) gr.n = 1;  // one-token groups: the tensor-core engine's form
       for (int i = 0; i < gr.n; ++i) {
         gr.a_row[i] = static_cast<int32_t>(g.u32() % A);
         gr.y_row[i] = y_next++;
@@ -184,10 +199,11 @@ TEST_P(MmvqTest, GroupsEqualsEmu_100Seeds) {
 // and the expected outputs do contain NaN and +-Inf (the cases are not vacuous).
 TEST_P(MmvqTest, NanInfWeightScalesEqualEmu_40Seeds) {
   MOECHECK_REQUIRE_GPU();
-  const auto [type, warps] = GetParam();
+  const auto [type, warps, engine] = GetParam();
   int64_t nan_out = 0, inf_out = 0;
   for (uint64_t seed = 1; seed <= 40; ++seed) {
-    emutest::Gen g(seed * 7001 + static_cast<uint64_t>(type) * 3 + static_cast<uint64_t>(warps));
+    emutest::Gen g(seed * 7001 + static_cast<uint64_t>(type) * 3 + static_cast<uint64_t>(warps) +
+                   static_cast<uint64_t>(engine) * 1009);
     const int64_t K = kQK_K * (1 + static_cast<int64_t>(g.u32() % 4));
     const int64_t rows = 1 + g.u32() % 24, T = 1 + g.u32() % 9, rb = row_bytes(type, K);
     std::vector<uint8_t> w = emutest::make_rows(g, type, rows, K, 0.0);
@@ -228,14 +244,19 @@ TEST_P(MmvqTest, NanInfWeightScalesEqualEmu_40Seeds) {
   EXPECT_GT(inf_out, 0) << "no Inf output: the Inf-scale cases are vacuous";
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, MmvqTest,
-                         ::testing::Combine(::testing::Values(GgmlType::kQ2K, GgmlType::kQ3K),
-                                            ::testing::Values(2, 4, 8)),
-                         [](const auto& info) {
-                           return std::string(std::get<0>(info.param) == GgmlType::kQ2K ? "Q2K"
-                                                                                        : "Q3K") +
-                                  "_W" + std::to_string(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Types, MmvqTest,
+    ::testing::Values(std::tuple{GgmlType::kQ2K, 2, 0}, std::tuple{GgmlType::kQ2K, 4, 0},
+                      std::tuple{GgmlType::kQ2K, 8, 0}, std::tuple{GgmlType::kQ2K, 8, 4},
+                      std::tuple{GgmlType::kQ2K, 8, 14}, std::tuple{GgmlType::kQ3K, 2, 0},
+                      std::tuple{GgmlType::kQ3K, 4, 0}, std::tuple{GgmlType::kQ3K, 8, 0},
+                      std::tuple{GgmlType::kQ3K, 8, 4}, std::tuple{GgmlType::kQ3K, 8, 14}),
+    [](const auto& info) {
+      const int e = std::get<2>(info.param);
+      return std::string(std::get<0>(info.param) == GgmlType::kQ2K ? "Q2K" : "Q3K") + "_W" +
+             std::to_string(std::get<1>(info.param)) +
+             (e == 0 ? std::string("_dp4a") : (e >= 10 ? "_tc_async" : "_tc_bulk"));
+    });
 
 // The seeds' one-token shapes: 6 experts of gate [2304, 5120] Q2_K and down [5120, 2304] Q3_K.
 TEST(MmvqDs41, SixExpertsOneLaunch_Gate2304x5120Q2K_Down5120x2304Q3K) {
@@ -255,13 +276,19 @@ TEST(MmvqDs41, SixExpertsOneLaunch_Gate2304x5120Q2K_Down5120x2304Q3K) {
     for (int64_t i = 0; i < n; ++i) dp.push_back(dw.get() + i * rows * rb);
     DevArray<const uint8_t*> dtab(dp);
     DevArray<BlockQ8_1> da(a);
-    for (int warps : {2, 4, 8}) {
-      DevArray<float> dy(want.size());
-      cuda::mmvq_experts(type, dtab.get(), n, da.get(), type == GgmlType::kQ3K, dy.get(), rows, K,
-                         warps, nullptr);
-      ASSERT_TRUE(same_f32("mmvq_experts ds41", dy.host(), want, rows,
-                           gputest::repro(41 + rows, "warps=" + std::to_string(warps))));
+    for (int engine : {0, 4, 6, 14}) {
+      cuda::set_mmvq_engine(engine == 0 ? cuda::MmvqEngine::kDp4a : cuda::MmvqEngine::kTensorCore,
+                            engine % 10, engine / 10);
+      for (int warps : {2, 4, 8}) {
+        DevArray<float> dy(want.size());
+        cuda::mmvq_experts(type, dtab.get(), n, da.get(), type == GgmlType::kQ3K, dy.get(), rows, K,
+                           warps, nullptr);
+        ASSERT_TRUE(same_f32("mmvq_experts ds41", dy.host(), want, rows,
+                             gputest::repro(41 + rows, "warps=" + std::to_string(warps) +
+                                                           " engine=" + std::to_string(engine))));
+      }
     }
+    cuda::set_mmvq_engine(cuda::MmvqEngine::kDp4a);
   }
 }
 

@@ -13,6 +13,8 @@
 #include "golden/generator.h"
 #include "tests/gpu/gpu_test_util.h"
 
+#define MOECHECK_CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
 namespace moecheck {
 namespace {
 
@@ -267,6 +269,71 @@ TEST(CudaMoeLayer, NanInputThrowsTheEmulationsErrorAndTheNextForwardIsExact) {
         ASSERT_TRUE(same_taps(got7, want7, w.config, r));
       }
   }
+}
+
+// The device-resident forward (graph_forward: one CUDA graph from device_input to
+// device_output): for tiny, small and ds41, T = 1, 2, 8, side stream on and off, twelve inputs
+// replayed through one captured graph per T, the output equals the emulation's and
+// device_routing the emulation's picks and weights; a NaN token raises the emulation's error
+// from device_routing and the next replay is exact; the host route refuses the API.
+TEST(CudaMoeLayer, GraphForwardDeviceResident_EqualsEmu) {
+  MOECHECK_REQUIRE_GPU();
+  for (const char* preset : {"tiny", "small", "ds41"}) {
+    const LayerWeights w = generate_layer(preset_options(preset), 0);
+    const int64_t dim = w.config.dim;
+    const emu::MoeLayer ref(w, emu::LayerOptions{});
+    for (bool side : {true, false}) {
+      cuda::LayerOptions co;
+      co.route = RoutePlace::kDevice;
+      co.shared_side_stream = side;
+      cuda::MoeLayer layer(w, co);
+      for (int64_t T : {1, 2, 8}) {
+        for (int i = 0; i < 12; ++i) {
+          const uint64_t seed = 900 + 13 * static_cast<uint64_t>(T) + static_cast<uint64_t>(i);
+          const auto x = generate_input(seed, T, dim);
+          LayerTaps want;
+          const auto y = ref.forward(x.data(), T, &want);
+          const std::string r =
+              gputest::repro(seed, std::string(preset) + " T=" + std::to_string(T) + " side " +
+                                       (side ? "on" : "off"));
+          MOECHECK_CUDA_OK(
+              cudaMemcpy(layer.device_input(T), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+          layer.graph_forward(T);
+          MOECHECK_CUDA_OK(cudaDeviceSynchronize());
+          std::vector<uint16_t> got(static_cast<size_t>(T * dim));
+          MOECHECK_CUDA_OK(cudaMemcpy(got.data(), layer.device_output(), got.size() * 2,
+                                      cudaMemcpyDeviceToHost));
+          ASSERT_TRUE(gputest::same_u16("graph_forward output", got, y, dim, r));
+          const Routing rt = layer.device_routing(T);
+          ASSERT_EQ(rt.ids, want.topk_ids) << r;
+          ASSERT_TRUE(
+              same_f32("graph_forward weights", rt.weights, want.topk_weights, w.config.topk, r));
+        }
+      }
+      if (std::string(preset) == "tiny") {  // a NaN token, then an exact replay
+        auto bad = generate_input(951, 2, dim);
+        bad[dim + 3] = 0x7FC0;
+        MOECHECK_CUDA_OK(
+            cudaMemcpy(layer.device_input(2), bad.data(), bad.size() * 2, cudaMemcpyHostToDevice));
+        layer.graph_forward(2);
+        MOECHECK_CUDA_OK(cudaDeviceSynchronize());
+        EXPECT_THROW(layer.device_routing(2), InputError);
+        const auto x = generate_input(952, 2, dim);
+        MOECHECK_CUDA_OK(
+            cudaMemcpy(layer.device_input(2), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+        layer.graph_forward(2);
+        MOECHECK_CUDA_OK(cudaDeviceSynchronize());
+        std::vector<uint16_t> got(static_cast<size_t>(2 * dim));
+        MOECHECK_CUDA_OK(
+            cudaMemcpy(got.data(), layer.device_output(), got.size() * 2, cudaMemcpyDeviceToHost));
+        ASSERT_TRUE(gputest::same_u16("graph_forward after a NaN token", got,
+                                      ref.forward(x.data(), 2), dim, gputest::repro(952)));
+      }
+    }
+  }
+  cuda::MoeLayer host_route(generate_layer(preset_options("tiny"), 0));
+  EXPECT_THROW(host_route.graph_forward(1), InputError);
+  EXPECT_THROW(host_route.device_input(1), InputError);
 }
 
 TEST(CudaMoeLayer, BadOptionsAndTokensThrow) {

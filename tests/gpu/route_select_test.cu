@@ -172,6 +172,52 @@ TEST(RoutePlan, EqualsBuildLayerPlan_100Seeds) {
   EXPECT_EQ(checked, 100);
 }
 
+// The one-token fused launch (route_select_plan_one, the layer's T = 1 device route) against
+// route_select followed by route_plan on 200 seeded one-token cases (ties, infinities, NaN
+// logits and bias, masks, partly empty slot tables: every status): the header and the whole
+// device plan, scratch included, are the same bytes (both outputs poisoned alike first).
+TEST(RouteSelectPlanOne, EqualsSelectThenPlan_200Seeds) {
+  MOECHECK_REQUIRE_GPU();
+  int statuses[4] = {0, 0, 0, 0};
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    Case k = make_case(seed * 7919 + 3);
+    const int64_t n = k.c.n_routed;
+    // Token 0 of the case (keeping its NaN or infinity when it fell there).
+    k.T = 1;
+    k.logits.resize(static_cast<size_t>(n));
+    if (!k.mask.empty()) k.mask.resize(1);
+    if (seed % 9 == 0) k.logits[seed % n] = NAN;
+    std::vector<const uint8_t*> ptrs(static_cast<size_t>(3 * n));
+    for (int64_t s = 0; s < 3 * n; ++s)
+      ptrs[s] =
+          reinterpret_cast<const uint8_t*>(uintptr_t{0x10000} + 0x100000 * (s / n) + 64 * (s % n));
+    const RouteHeaderLayout L{1, k.c.topk};
+    const DevicePlanLayout D(1, k.c.topk);
+    DevArray<float> dz(k.logits), db(k.bias), dbv(k.bias_vl);
+    DevArray<uint8_t> dm(k.mask.empty() ? std::vector<uint8_t>{0} : k.mask);
+    DevArray<int32_t> ds(k.slots), h1(static_cast<size_t>(L.words())),
+        h2(static_cast<size_t>(L.words()));
+    DevArray<const uint8_t*> dp(ptrs);
+    DevArray<uint8_t> p1(D.bytes), p2(D.bytes);
+    const float* bvl = k.mask.empty() ? nullptr : dbv.get();
+    const uint8_t* mk = k.mask.empty() ? nullptr : dm.get();
+    const std::string r = gputest::repro(seed * 7919 + 3, "n " + std::to_string(n));
+    cuda::route_select(dz.get(), 1, db.get(), bvl, mk, params(k.c), ds.get(), h1.get(), nullptr);
+    cuda::route_plan(h1.get(), 1, params(k.c), ds.get(), dp.get(), dp.get() + n, dp.get() + 2 * n,
+                     p1.get(), nullptr);
+    cuda::route_select_plan_one(dz.get(), db.get(), bvl, mk, params(k.c), ds.get(), h2.get(),
+                                dp.get(), dp.get() + n, dp.get() + 2 * n, p2.get(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << r;
+    const std::vector<int32_t> a = h1.host(), b = h2.host();
+    ASSERT_EQ(a, b) << "route headers differ\n  repro: " << r;
+    const std::vector<uint8_t> pa = p1.host(), pb = p2.host();
+    for (size_t i = 0; i < pa.size(); ++i)
+      ASSERT_EQ(pa[i], pb[i]) << "plan byte " << i << " of " << pa.size() << "\n  repro: " << r;
+    ++statuses[a[RouteHeaderLayout::kStatus] & 3];
+  }
+  for (int st = 0; st < 3; ++st) EXPECT_GT(statuses[st], 0) << "status " << st << " never reached";
+}
+
 template <int kFn>
 __global__ void score_kernel(uint32_t first, uint32_t n, float* out) {
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
