@@ -50,7 +50,7 @@ uint64_t plain_expressions(Lcg& g) {
   float acc = 0.0f;
   for (int i = 0; i < 100000; ++i) {
     const float x = g.uniform(8.0f), y = g.uniform(8.0f), z = g.uniform(8.0f);
-    h.add(x * y + z);          // each product has one use, so a contracting build fuses it
+    h.add(x * y + z);  // each product has one use, so a contracting build fuses it
     acc = x * z + acc * 0.5f;
   }
   h.add(acc);
