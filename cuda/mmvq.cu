@@ -8,7 +8,8 @@
 // Warp w computes row w of the tile for every token of the group (one-token launches: rows
 // 2w, 2w + 1, sharing the activation loads): lane l takes units g = l, l + 32, ... (exact
 // dp4a integer parts, the float part of numerics.md), then the butterfly. Loads never change
-// the arithmetic. Performance: docs/performance.md "GPU".
+// the arithmetic. With cuda::MmvqEngine::kTensorCore, one-token launches go to cuda/mmvq_tc.cu
+// instead (same bits). Performance: docs/performance.md "GPU".
 #include <cuda_pipeline.h>
 
 #include <string>

@@ -1,7 +1,9 @@
-// The one-token MMVQ engine on tensor cores (cuda/mmvq_tc.cu), used by cuda/mmvq.cu's launcher
-// for every launch whose groups hold one token (the layer's one-token path, mmvq_experts, the
-// plain form at T = 1). Same contract and bits as the dp4a kernel: docs/numerics.md "mmvq_q2k,
-// mmvq_q3k"; the schedule is described in cuda/mmvq_tc.cu and docs/performance.md.
+// The one-token MMVQ engine on tensor cores (cuda/mmvq_tc.cu), taken by cuda/mmvq.cu's launcher
+// when cuda::MmvqEngine::kTensorCore is set (not the default: measured slower than the dp4a
+// kernel) for every launch whose groups hold one token (the layer's one-token path,
+// mmvq_experts, the plain form at T = 1). Same contract and bits as the dp4a kernel:
+// docs/numerics.md "mmvq_q2k, mmvq_q3k"; the schedule is described in cuda/mmvq_tc.cu and
+// docs/performance.md.
 #pragma once
 
 #include "core/blocks.h"

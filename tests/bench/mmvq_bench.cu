@@ -2,10 +2,12 @@
 // launch (gate: 6 x [2304, 5120] Q2_K; gate+up: 12 of them; down: 6 x [5120, 2304] Q3_K) with the
 // dp4a kernel and the tensor-core engine, the router GEMV (plain, staged) and the shared expert's
 // bf16 GEMVs. Each kernel is first checked bit for bit against its emulation twin on the same bytes
-// (exit 1 if not). Each result is weight bytes / kernel time against the device-to-device copy
-// bandwidth measured first in this process. Weights rotate among sets whose total is several times
-// L2, so no launch finds its weights cached; launches are replayed from a CUDA graph (launch gaps
-// out). Markdown table last.
+// (exit 1 if not); the rows marked "diagnostic" run the tensor-core engine's copies alone, compute
+// and write nothing, and are labelled as such in the table (the copy pipeline's own rate). Each
+// result is weight bytes / kernel time against the device-to-device copy bandwidth measured first
+// in this process. Weights rotate among sets whose total is several times L2, so no launch finds
+// its weights cached; launches are replayed from a CUDA graph (launch gaps out). Markdown table
+// last.
 #include <cuda_runtime.h>
 
 #include <cstdio>
