@@ -41,7 +41,7 @@ class ExpertCheck {
     xe_.resize(static_cast<size_t>(n * dim));
     for (int64_t j = 0; j < n; ++j)
       for (int64_t k = 0; k < dim; ++k) xe_[j * dim + k] = xf_[e_.tokens[j] * dim + k];
-    const ref::Expert rx(w1_, w3_, w2_, c_.swiglu_limit);
+    const ref::Expert rx(w1_, w3_, w2_, limit());
     out_.down_ref = rx.forward_exact(xe_.data(), n, nullptr, &rt_);
     out_.down_err.assign(static_cast<size_t>(n * dim), 0.0);
     out_.down_mag.assign(static_cast<size_t>(n * dim), 0.0);
@@ -57,6 +57,8 @@ class ExpertCheck {
 
  private:
   Stage stage(ExpertField f) const { return expert_stage(shared_, f); }
+  // The clamp of this expert: the shared expert's may differ per layer (MoeConfig).
+  float limit() const { return shared_ ? c_.shared_swiglu_limit() : c_.swiglu_limit; }
   auto at(int64_t j, const char* what, int64_t i) const {
     return [this, j, what, i] {
       return who_ + "token " + std::to_string(e_.tokens[j]) + " " + what + " " + std::to_string(i);
@@ -98,7 +100,7 @@ class ExpertCheck {
     for (int64_t i = 0; i < inter; ++i) {
       const int64_t q = j * inter + i;
       ck_.see(stage(ExpertField::kH), e_.h[q], rt_.h[q],
-              h_bound(e_.gate[q], e_.up[q], rt_.gate[q], rt_.up[q], rt_.h[q], c_.swiglu_limit),
+              h_bound(e_.gate[q], e_.up[q], rt_.gate[q], rt_.up[q], rt_.h[q], limit()),
               at(j, "col", i));
       hin_[i] = dense_ ? static_cast<double>(round_bf16(e_.h[q])) : static_cast<double>(e_.h[q]);
       herr_[i] = std::fabs(hin_[i] - rt_.h[q]) + kU32 * std::fabs(rt_.h[q]);

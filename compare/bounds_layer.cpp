@@ -104,7 +104,7 @@ class LayerCheck {
       for (int64_t e = 0; e < E_; ++e) {
         double mag = 0;
         for (int64_t k = 0; k < dim; ++k)
-          mag += std::fabs(static_cast<double>(bf16_to_f32(w_.router[e * dim + k])) *
+          mag += std::fabs(static_cast<double>(router_weight(w_, e * dim + k)) *
                            bf16_to_f32(x[t * dim + k]));
         delta_[t * E_ + e] = (gamma_f32(depth) + gamma_f64(dim)) * mag;
         ck_.see(Stage::kRouterLogits, et_.router_logits[t * E_ + e], z_[t * E_ + e],

@@ -133,8 +133,7 @@ class LocalCheck {
       for (int64_t e = 0; e < E; ++e) {
         double exact = 0, mag = 0;
         for (int64_t k = 0; k < dim; ++k) {
-          const double p =
-              static_cast<double>(bf16_to_f32(w_.router[e * dim + k])) * xf_[t * dim + k];
+          const double p = static_cast<double>(router_weight(w_, e * dim + k)) * xf_[t * dim + k];
           exact += p;
           mag += std::fabs(p);
         }
@@ -240,6 +239,7 @@ class LocalCheck {
     const int64_t dim = c_.dim, inter = c_.inter, n = static_cast<int64_t>(e.tokens.size());
     const bool dense = w1.type == GgmlType::kBF16;
     const std::string who = shared ? std::string() : "expert " + std::to_string(e.expert) + " ";
+    const double L = shared ? c_.shared_swiglu_limit() : c_.swiglu_limit;
     for (int64_t j = 0; j < n; ++j) {
       const int64_t tok = e.tokens[j];
       auto at = [&who, tok](const char* what, int64_t i) {
@@ -253,7 +253,7 @@ class LocalCheck {
       projection(expert_stage(shared, ExpertField::kUp), w3, dense, xq, xf_.data() + tok * dim,
                  nullptr, e.up.data() + j * inter, at);
       for (int64_t i = 0; i < inter; ++i) {
-        const double g = e.gate[j * inter + i], u = e.up[j * inter + i], L = c_.swiglu_limit;
+        const double g = e.gate[j * inter + i], u = e.up[j * inter + i];
         const double h = swiglu64(g, u, L), uc = L > 0 ? std::clamp(u, -L, L) : u;
         ck_.see(expert_stage(shared, ExpertField::kH), e.h[j * inter + i], h,
                 bounds_detail::swiglu_own_bound(h, uc), at("col", i));

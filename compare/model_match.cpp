@@ -42,6 +42,8 @@ void check_shapes(const DumpMeta& a, const DumpMeta& b, const std::string& both)
   field("score_func", to_string(x.score_func), to_string(y.score_func));
   field("route_scale", fmt_float(x.route_scale), fmt_float(y.route_scale));
   field("swiglu_limit", fmt_float(x.swiglu_limit), fmt_float(y.swiglu_limit));
+  field("swiglu_limit_shared", fmt_float(x.shared_swiglu_limit()),
+        fmt_float(y.shared_swiglu_limit()));
   field("gate_temp", fmt_float(x.gate_temp), fmt_float(y.gate_temp));
   field("norm_topk_prob", std::to_string(x.norm_topk_prob), std::to_string(y.norm_topk_prob));
   if (a.tokens != b.tokens)
@@ -50,6 +52,20 @@ void check_shapes(const DumpMeta& a, const DumpMeta& b, const std::string& both)
   if (a.layers != b.layers)
     throw InputError(both + "different layer lists (attribute layers): " + layer_list(a.layers) +
                      " vs " + layer_list(b.layers));
+  for (int32_t L : a.layers) {
+    const auto clamps = [L](const DumpMeta& m) {
+      const auto it = m.layer_clamps.find(L);
+      return it != m.layer_clamps.end()
+                 ? it->second
+                 : std::pair{m.config.swiglu_limit, m.config.shared_swiglu_limit()};
+    };
+    const auto [ca, cb] = std::pair{clamps(a), clamps(b)};
+    if (ca != cb)
+      throw InputError(both + "layer " + std::to_string(L) +
+                       ": different SwiGLU clamps (routed / shared): " + fmt_float(ca.first) +
+                       " / " + fmt_float(ca.second) + " vs " + fmt_float(cb.first) + " / " +
+                       fmt_float(cb.second));
+  }
 }
 
 // Slices of both dumps layer by layer: equal digests where both recorded one, the rest listed.

@@ -185,7 +185,7 @@ class Sensitivity {
       st.size = st.effective = size;
       if (c == PerturbClass::kRouteScale)
         w.config.route_scale = static_cast<float>(w.config.route_scale * (1.0 + size));
-      else w.config.swiglu_limit = 0.0f;
+      else w.config.swiglu_limit = 0.0f, w.config.swiglu_limit_shared = 0.0f;
       step(row, w, st);
       if (done(row)) break;
     }

@@ -93,7 +93,8 @@ class ExpertNoise {
   // 6 sigma plus the quadratic part at 6 sigma of each of dg and du: 36 (|s1| sg su + |s2| sg^2).
   double swiglu_noise(int64_t j, int64_t i, double var_g, double var_u, double cov) {
     const int64_t q = j * c_.inter + i;
-    const double L = c_.swiglu_limit, g = rt_.gate[q], u = rt_.up[q];
+    const double L = shared_ ? c_.shared_swiglu_limit() : c_.swiglu_limit;
+    const double g = rt_.gate[q], u = rt_.up[q];
     const bool g_clamped = L > 0 && g > L + 6.0 * std::sqrt(var_g);
     const bool u_clamped = L > 0 && std::fabs(u) > L + 6.0 * std::sqrt(var_u);
     const double gc = L > 0 ? std::min(g, L) : g, uc = L > 0 ? std::clamp(u, -L, L) : u;

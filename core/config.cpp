@@ -46,6 +46,8 @@ void MoeConfig::validate(const std::string& where) const {
     fail("gate_temp", "must be finite and positive");
   if (!std::isfinite(route_scale)) fail("route_scale", "must be finite");
   if (!std::isfinite(swiglu_limit)) fail("swiglu_limit", "must be finite");
+  if (swiglu_limit_shared && !std::isfinite(*swiglu_limit_shared))
+    fail("swiglu_limit_shared", "must be finite");
 }
 
 MoeConfig ds41_config() {

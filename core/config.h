@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace moecheck {
@@ -23,13 +24,20 @@ struct MoeConfig {
   ScoreFunc score_func = ScoreFunc::kSqrtSoftplus;
   float route_scale = 1.0f;   // route_scale
   float swiglu_limit = 0.0f;  // swiglu_limit; no clamp when <= 0
-  float gate_temp = 1.0f;     // gate_temp (1 when absent)
+  // The shared expert's clamp when it differs from the routed experts' (model.py builds both
+  // Experts with swiglu_limit; files of the deepseek4 / deepseek41 conventions carry one per layer
+  // for each, docs/gguf.md "Conventions"). Absent: the shared expert uses swiglu_limit.
+  std::optional<float> swiglu_limit_shared;
+  float gate_temp = 1.0f;  // gate_temp (1 when absent)
   bool norm_topk_prob = true;
 
   // Throws InputError naming `where` (a file, a preset) and the field when the config cannot
   // work: sizes not positive, dim or inter not a multiple of 256, topk > n_routed,
-  // n_shared != 1, gate_temp not finite and positive, route_scale or swiglu_limit not finite.
+  // n_shared != 1, gate_temp not finite and positive, route_scale or a swiglu limit not finite.
   void validate(const std::string& where) const;
+
+  // The shared expert's clamp: swiglu_limit_shared when set, else swiglu_limit.
+  float shared_swiglu_limit() const { return swiglu_limit_shared.value_or(swiglu_limit); }
 
   bool operator==(const MoeConfig&) const = default;
 };

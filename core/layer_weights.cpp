@@ -3,6 +3,7 @@
 #include "core/layer_weights.h"
 
 #include "core/error.h"
+#include "core/numfmt.h"
 
 namespace moecheck {
 namespace {
@@ -75,6 +76,9 @@ class Validator {
     const MoeConfig& c = w_.config;
     c.validate(where_);
     if (w_.router == nullptr) fail("ffn_gate_inp.weight", "missing");
+    if (w_.router_type != GgmlType::kBF16 && w_.router_type != GgmlType::kF16)
+      fail("ffn_gate_inp.weight",
+           std::string("expected BF16 or F16, found ") + type_name(w_.router_type));
     if (w_.bias == nullptr) fail("exp_probs_b.bias", "missing");
     stack("ffn_gate_exps.weight", w_.gate_exps, c.inter, c.dim);
     stack("ffn_up_exps.weight", w_.up_exps, c.inter, c.dim);
@@ -92,6 +96,10 @@ class Validator {
 };
 
 }  // namespace
+
+float router_weight(const LayerWeights& w, int64_t i) {
+  return w.router_type == GgmlType::kF16 ? f16_to_f32(w.router[i]) : bf16_to_f32(w.router[i]);
+}
 
 void validate_layer_weights(const LayerWeights& w, const std::string& who, WeightTypes types) {
   Validator(w, who, types).run();

@@ -39,19 +39,26 @@ struct ExpertStackView {
 struct LayerWeights {
   int layer = 0;
   MoeConfig config;
-  const uint16_t* router = nullptr;  // bf16 [n_routed, dim]  (blk.N.ffn_gate_inp.weight)
-  const float* bias = nullptr;       // f32 [n_routed]         (blk.N.exp_probs_b.bias)
+  const uint16_t* router = nullptr;  // [n_routed, dim] of router_type (blk.N.ffn_gate_inp.weight)
+  // BF16 (moecheck's files) or F16 (the deepseek4 / deepseek41 conventions' routers); both widen
+  // to f32 exactly, so every implementation computes the same products (docs/numerics.md
+  // "router_gemv").
+  GgmlType router_type = GgmlType::kBF16;
+  const float* bias = nullptr;  // f32 [n_routed]         (blk.N.exp_probs_b.bias)
   // model.py Gate.bias_vl: the selection bias of image-span tokens, f32 [n_routed]
   // (blk.N.exp_probs_b_vl.bias; docs/gguf.md), or nullptr when the model has none.
   const float* bias_vl = nullptr;
-  ExpertStackView gate_exps;         // Q2_K [n_routed][inter, dim]  w1
-  ExpertStackView up_exps;           // Q2_K [n_routed][inter, dim]  w3
-  ExpertStackView down_exps;         // Q3_K [n_routed][dim, inter]  w2
-  MatView shared_gate;               // [inter, dim]  bf16, or K-quant (gate/up Q2_K, down Q3_K)
-  MatView shared_up;                 // [inter, dim]
-  MatView shared_down;               // [dim, inter]
+  ExpertStackView gate_exps;  // Q2_K [n_routed][inter, dim]  w1
+  ExpertStackView up_exps;    // Q2_K [n_routed][inter, dim]  w3
+  ExpertStackView down_exps;  // Q3_K [n_routed][dim, inter]  w2
+  MatView shared_gate;        // [inter, dim]  bf16, or K-quant (gate/up Q2_K, down Q3_K)
+  MatView shared_up;          // [inter, dim]
+  MatView shared_down;        // [dim, inter]
   std::shared_ptr<const void> keep_alive;
 };
+
+// Router weight i (row-major [n_routed, dim]) as f32, exactly: bf16 or f16 by w.router_type.
+float router_weight(const LayerWeights& w, int64_t i);
 
 // Which weight types a reader accepts. kKernel: what the emulation and the CUDA kernels read in
 // place (routed stacks Q2_K or Q3_K; the shared expert all BF16 or all Q2_K / Q3_K). kDequantized:
@@ -61,6 +68,7 @@ enum class WeightTypes { kKernel, kDequantized };
 // The one validator every implementation calls before it reads a layer: the config can work
 // (MoeConfig::validate), the router and bias are present, each routed stack holds n_routed or
 // more experts of [inter, dim] (down [dim, inter]) and the shared expert the same shapes, with
+// the router BF16 or F16 (either reader),
 // data, in types `types` accepts. Throws InputError "<who>: layer L: tensor blk.L.<name>:
 // expected ..., found ..." (who names the caller: a file, "emu::MoeLayer", ...).
 void validate_layer_weights(const LayerWeights& w, const std::string& who,

@@ -14,6 +14,7 @@
 namespace moecheck::cuda {
 namespace detail {
 
+template <bool kF16W>
 __global__ void __launch_bounds__(kGemvPlainWarps* kWarpSize) gemv_plain_kernel(GemvArgs p) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvPlainWarps + threadIdx.x / kWarpSize;
@@ -45,7 +46,7 @@ __global__ void __launch_bounds__(kGemvPlainWarps* kWarpSize) gemv_plain_kernel(
         if (t < n) {
           const uint4 xv =
               __ldg(reinterpret_cast<const uint4*>(p.x + (t0 + t) * p.K + c * kGemvChunk));
-          acc[t] = bf16_chunk_fma(wv[u], xv, acc[t]);
+          acc[t] = bf16_chunk_fma<kF16W>(wv[u], xv, acc[t]);
         }
       }
     }
@@ -63,7 +64,7 @@ __global__ void __launch_bounds__(kGemvPlainWarps* kWarpSize) gemv_plain_kernel(
 // One token (the shared expert and the plain router at T = 1): every chunk of the lane's row is
 // loaded before the first fma (kNC chunks per lane: the whole row in flight, up to 8192 values),
 // then the same chain and butterfly. Same bits as gemv_plain_kernel.
-template <int kNC>
+template <int kNC, bool kF16W>
 __global__ void __launch_bounds__(kGemvPlainWarps* kWarpSize) gemv_one_kernel(GemvArgs p) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvPlainWarps + threadIdx.x / kWarpSize;
@@ -81,31 +82,40 @@ __global__ void __launch_bounds__(kGemvPlainWarps* kWarpSize) gemv_one_kernel(Ge
   for (int u = 0; u < kNC; ++u) {
     const int c = lane + u * kWarpSize;
     if (c < nchunks)
-      acc = bf16_chunk_fma(wv[u], __ldg(reinterpret_cast<const uint4*>(p.x + c * kGemvChunk)), acc);
+      acc = bf16_chunk_fma<kF16W>(wv[u],
+                                  __ldg(reinterpret_cast<const uint4*>(p.x + c * kGemvChunk)), acc);
   }
   const float v = warp_butterfly(acc);
   if (lane == 0) (blockIdx.z == 0 ? p.y[0] : p.y[1])[row] = v;
 }
 
 // The one-token kernel for chunks per lane nc (<= 32), rounded up to an instantiated kNC.
+template <bool kF16W>
 bool launch_gemv_one(const GemvArgs& a, int n_mat, dim3 grid, void* stream) {
   const int64_t nc = (a.K / kGemvChunk + kWarpSize - 1) / kWarpSize;
   const dim3 block(kGemvPlainWarps * kWarpSize);
   cudaStream_t s = as_stream(stream);
   grid.z = static_cast<unsigned>(n_mat);
   if (a.T != 1 || nc > 32) return false;
-  if (nc <= 4) gemv_one_kernel<4><<<grid, block, 0, s>>>(a);
-  else if (nc <= 8) gemv_one_kernel<8><<<grid, block, 0, s>>>(a);
-  else if (nc <= 12) gemv_one_kernel<12><<<grid, block, 0, s>>>(a);
-  else if (nc <= 16) gemv_one_kernel<16><<<grid, block, 0, s>>>(a);
-  else if (nc <= 20) gemv_one_kernel<20><<<grid, block, 0, s>>>(a);
-  else if (nc <= 24) gemv_one_kernel<24><<<grid, block, 0, s>>>(a);
-  else gemv_one_kernel<32><<<grid, block, 0, s>>>(a);
+  if (nc <= 4) gemv_one_kernel<4, kF16W><<<grid, block, 0, s>>>(a);
+  else if (nc <= 8) gemv_one_kernel<8, kF16W><<<grid, block, 0, s>>>(a);
+  else if (nc <= 12) gemv_one_kernel<12, kF16W><<<grid, block, 0, s>>>(a);
+  else if (nc <= 16) gemv_one_kernel<16, kF16W><<<grid, block, 0, s>>>(a);
+  else if (nc <= 20) gemv_one_kernel<20, kF16W><<<grid, block, 0, s>>>(a);
+  else if (nc <= 24) gemv_one_kernel<24, kF16W><<<grid, block, 0, s>>>(a);
+  else gemv_one_kernel<32, kF16W><<<grid, block, 0, s>>>(a);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
   return true;
 }
 
-void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* stream) {
+template <bool kF16W>
+void launch_gemv_typed(const GemvArgs& a, int n_mat, dim3 grid, void* stream) {
+  if (launch_gemv_one<kF16W>(a, n_mat, grid, stream)) return;
+  gemv_plain_kernel<kF16W><<<grid, kGemvPlainWarps * kWarpSize, 0, as_stream(stream)>>>(a);
+  MOECHECK_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* stream, bool f16_w) {
   const std::string where = std::string("cuda::") + op + ": ";
   if (a.rows < 0 || a.T < 0 || a.K <= 0 || a.K % kGemvChunk != 0)
     throw InputError(where + "need rows >= 0, T >= 0 and K a positive multiple of 8, found rows=" +
@@ -122,9 +132,8 @@ void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* strea
   const dim3 grid(static_cast<unsigned>((a.rows + kGemvPlainWarps - 1) / kGemvPlainWarps),
                   static_cast<unsigned>((a.T + kMaxGroupRows - 1) / kMaxGroupRows),
                   static_cast<unsigned>(n_mat));
-  if (launch_gemv_one(a, n_mat, grid, stream)) return;
-  gemv_plain_kernel<<<grid, kGemvPlainWarps * kWarpSize, 0, as_stream(stream)>>>(a);
-  MOECHECK_CUDA_CHECK(cudaGetLastError());
+  if (f16_w) launch_gemv_typed<true>(a, n_mat, grid, stream);
+  else launch_gemv_typed<false>(a, n_mat, grid, stream);
 }
 
 }  // namespace detail
@@ -132,13 +141,13 @@ void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* strea
 void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K, int64_t T,
                void* stream) {
   const detail::GemvArgs a{{w, w}, {y, y}, x, rows, K, T};
-  detail::launch_gemv_plain(a, 1, "bf16_gemv", stream);
+  detail::launch_gemv_plain(a, 1, "bf16_gemv", stream, false);
 }
 
 void bf16_gemv_pair(const uint16_t* w0, const uint16_t* w1, const uint16_t* x, float* y0, float* y1,
                     int64_t rows, int64_t K, int64_t T, void* stream) {
   const detail::GemvArgs a{{w0, w1}, {y0, y1}, x, rows, K, T};
-  detail::launch_gemv_plain(a, 2, "bf16_gemv_pair", stream);
+  detail::launch_gemv_plain(a, 2, "bf16_gemv_pair", stream, false);
 }
 
 }  // namespace moecheck::cuda

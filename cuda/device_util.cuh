@@ -46,13 +46,19 @@ __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w 
 // acc over the 8 bf16 values of a 16-byte chunk of w and of x: the products of bf16 values
 // are exact in f32, so each fma_rn rounds once, in the addition; values j = 0..7 in order (the
 // low half of each little-endian word is the lower index). numerics.md "router_gemv".
+// With kF16W the chunk of w holds f16 values (the deepseek4 conventions' F16 routers), widened
+// exactly by f16_bits_to_f32: an f16 x bf16 product (11 x 8 significant bits) is exact in f32
+// too, so the chain is the same.
+template <bool kF16W = false>
 __device__ __forceinline__ float bf16_chunk_fma(const uint4& w, const uint4& x, float acc) {
   const uint32_t ww[4] = {w.x, w.y, w.z, w.w};
   const uint32_t xx[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    acc = fma_rn(bf16_lo(ww[i]), bf16_lo(xx[i]), acc);
-    acc = fma_rn(bf16_hi(ww[i]), bf16_hi(xx[i]), acc);
+    const float w_lo = kF16W ? f16_bits_to_f32(static_cast<uint16_t>(ww[i])) : bf16_lo(ww[i]);
+    const float w_hi = kF16W ? f16_bits_to_f32(static_cast<uint16_t>(ww[i] >> 16)) : bf16_hi(ww[i]);
+    acc = fma_rn(w_lo, bf16_lo(xx[i]), acc);
+    acc = fma_rn(w_hi, bf16_hi(xx[i]), acc);
   }
   return acc;
 }

@@ -23,7 +23,8 @@ struct GemvArgs {
   int64_t T;
 };
 
-// Launches gemv_plain_kernel over n_mat matrices (1 or 2) after the shape checks of `op`.
-void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* stream);
+// Launches gemv_plain_kernel over n_mat matrices (1 or 2) after the shape checks of `op`; f16_w:
+// the weights are f16 (an F16 router), widened exactly (device_util.cuh bf16_chunk_fma).
+void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* stream, bool f16_w);
 
 }  // namespace moecheck::cuda::detail

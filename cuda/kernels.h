@@ -15,11 +15,11 @@
 namespace moecheck::cuda {
 
 // ---- router_gemv, bf16_gemv (cuda/router_gemv.cu, cuda/bf16_gemv.cu) ----
-// w bf16 [rows, K], x bf16 [T, K], y f32 [T, rows]. K a positive multiple of 8 (kGemvChunk); w and
-// x 16-byte aligned. Any T (launched in groups of kMaxGroupRows tokens; no bit depends on the
-// grouping).
+// w [rows, K] (router_gemv: BF16 or F16 by w_type; bf16_gemv: bf16), x bf16 [T, K], y f32
+// [T, rows]. K a positive multiple of 8 (kGemvChunk); w and x 16-byte aligned. Any T (launched in
+// groups of kMaxGroupRows tokens; no bit depends on the grouping).
 void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y, int64_t rows,
-                 int64_t K, int64_t T, void* stream);
+                 int64_t K, int64_t T, void* stream, GgmlType w_type = GgmlType::kBF16);
 void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K, int64_t T,
                void* stream);
 // Two matrices of one shape on the same x in one launch (the shared expert's gate and up);

@@ -134,8 +134,8 @@ void MoeLayer::Impl::pre_route(const uint16_t* xin, int64_t T) {
   launch({0, T, 0, 0, 0}, main, [&](cudaStream_t s) {
     MOECHECK_CUDA_CHECK(cudaMemcpyAsync(x.p, h_x.p, T * dim * 2, cudaMemcpyHostToDevice, s));
     quantize_q8_1_bf16(x.as<uint16_t>(), x_q8.as<BlockQ8_1>(), T, dim, s);
-    router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(), E, dim, T,
-                s);
+    router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(), E, dim, T, s,
+                w.router_type);
     MOECHECK_CUDA_CHECK(
         cudaMemcpyAsync(h_logits.p, logits.p, T * E * 4, cudaMemcpyDeviceToHost, s));
   });
@@ -154,7 +154,7 @@ void MoeLayer::Impl::shared_expert(int64_t T, cudaStream_t s) {
     bf16_gemv_pair(sh_gate.as<uint16_t>(), sh_up.as<uint16_t>(), x.as<uint16_t>(), sg.as<float>(),
                    su.as<float>(), c.inter, c.dim, T, s);
     swiglu_bf16(sg.as<float>(), su.as<float>(), sh.as<float>(), shb.as<uint16_t>(), T, c.inter,
-                c.swiglu_limit, s);
+                c.shared_swiglu_limit(), s);
     bf16_gemv(sh_down.as<uint16_t>(), shb.as<uint16_t>(), sd.as<float>(), c.dim, c.inter, T, s);
   } else {
     const int ew = o.expert_warps;
@@ -163,7 +163,7 @@ void MoeLayer::Impl::shared_expert(int64_t T, cudaStream_t s) {
     mmvq(w.shared_up.type, sh_up.as<uint8_t>(), x_q8.as<BlockQ8_1>(), su.as<float>(), c.inter,
          c.dim, T, ew, s);
     swiglu_q8(sg.as<float>(), su.as<float>(), sh.as<float>(), sh_q8.as<BlockQ8_1>(), T, c.inter,
-              c.swiglu_limit, s);
+              c.shared_swiglu_limit(), s);
     mmvq(w.shared_down.type, sh_down.as<uint8_t>(), sh_q8.as<BlockQ8_1>(), sd.as<float>(), c.dim,
          c.inter, T, ew, s);
   }

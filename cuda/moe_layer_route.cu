@@ -151,7 +151,7 @@ void MoeLayer::Impl::device_body(int64_t T, bool masked) {
   const DevicePlanLayout D(T, c.topk);
   quantize_q8_1_bf16(x.as<uint16_t>(), x_q8.as<BlockQ8_1>(), T, c.dim, main);
   router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(), c.n_routed,
-              c.dim, T, main);
+              c.dim, T, main, w.router_type);
   if (o.shared_side_stream) {
     MOECHECK_CUDA_CHECK(cudaEventRecord(ev_in, main));
     MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(side, ev_in, 0));

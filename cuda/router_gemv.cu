@@ -1,4 +1,4 @@
-// router_gemv: bf16 router weights [rows, K] times bf16 tokens [T, K], f32 logits [T, rows].
+// router_gemv: bf16 or f16 router weights [rows, K] times bf16 tokens [T, K], f32 logits [T, rows].
 // Contract: docs/numerics.md "router_gemv"; twin: emu::router_gemv (emulate/router_gemv.h).
 // kPlain runs the plain schedule of cuda/gemv_plain.cuh (kernel in cuda/bf16_gemv.cu); kStaged
 // is here: one block of kRouterStagedThreads per row, thread t taking chunks t, t + 256, ...,
@@ -18,6 +18,7 @@ namespace {
 // Chunks per thread loaded before the first use (K = 5120 has 640 chunks: 2 or 3 per thread).
 constexpr int kStagedUnroll = 4;
 
+template <bool kF16W>
 __global__ void __launch_bounds__(kRouterStagedThreads)
     router_staged_kernel(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K,
                          int64_t T) {
@@ -47,7 +48,7 @@ __global__ void __launch_bounds__(kRouterStagedThreads)
       for (int t = 0; t < kMaxGroupRows; ++t) {
         if (t < n) {
           const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + (t0 + t) * K + c * kGemvChunk));
-          acc[t] = bf16_chunk_fma(wv[u], xv, acc[t]);
+          acc[t] = bf16_chunk_fma<kF16W>(wv[u], xv, acc[t]);
         }
       }
     }
@@ -71,10 +72,14 @@ __global__ void __launch_bounds__(kRouterStagedThreads)
 }  // namespace
 
 void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y, int64_t rows,
-                 int64_t K, int64_t T, void* stream) {
+                 int64_t K, int64_t T, void* stream, GgmlType w_type) {
+  if (w_type != GgmlType::kBF16 && w_type != GgmlType::kF16)
+    throw InputError("cuda::router_gemv: weight type " +
+                     std::to_string(static_cast<uint32_t>(w_type)) + " is neither BF16 nor F16");
+  const bool f16 = w_type == GgmlType::kF16;
   if (v == RouterVariant::kPlain) {
     const detail::GemvArgs a{{w, w}, {y, y}, x, rows, K, T};
-    detail::launch_gemv_plain(a, 1, "router_gemv", stream);
+    detail::launch_gemv_plain(a, 1, "router_gemv", stream, f16);
     return;
   }
   const std::string where = "cuda::router_gemv(staged): ";
@@ -90,7 +95,12 @@ void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y
   require_aligned(y, 4, "router_gemv", "y");
   const dim3 grid(static_cast<unsigned>(rows),
                   static_cast<unsigned>((T + kMaxGroupRows - 1) / kMaxGroupRows));
-  router_staged_kernel<<<grid, kRouterStagedThreads, 0, as_stream(stream)>>>(w, x, y, rows, K, T);
+  if (f16)
+    router_staged_kernel<true>
+        <<<grid, kRouterStagedThreads, 0, as_stream(stream)>>>(w, x, y, rows, K, T);
+  else
+    router_staged_kernel<false>
+        <<<grid, kRouterStagedThreads, 0, as_stream(stream)>>>(w, x, y, rows, K, T);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 

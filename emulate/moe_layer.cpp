@@ -146,7 +146,8 @@ SharedOut run_shared(const RowSplitter& m, const LayerWeights& w, const uint16_t
       }
     });
     std::vector<uint16_t> hb(s.h.size());
-    swiglu_bf16(s.gate.data(), s.up.data(), s.h.data(), hb.data(), T, inter, c.swiglu_limit);
+    swiglu_bf16(s.gate.data(), s.up.data(), s.h.data(), hb.data(), T, inter,
+                c.shared_swiglu_limit());
     m.split_rows(dim, T, s.down.data(), [&](int64_t r0, int64_t r1, float* buf) {
       bf16_gemv(wd + r0 * inter, hb.data(), buf, r1 - r0, inter, T);
     });
@@ -160,7 +161,7 @@ SharedOut run_shared(const RowSplitter& m, const LayerWeights& w, const uint16_t
   s.hq.resize(static_cast<size_t>(T * inter / kQK8_1));
   quant(w.shared_gate, inter, dim, xq.data(), s.gate.data());
   quant(w.shared_up, inter, dim, xq.data(), s.up.data());
-  swiglu_q8(s.gate.data(), s.up.data(), s.h.data(), s.hq.data(), T, inter, c.swiglu_limit);
+  swiglu_q8(s.gate.data(), s.up.data(), s.h.data(), s.hq.data(), T, inter, c.shared_swiglu_limit());
   quant(w.shared_down, dim, inter, s.hq.data(), s.down.data());
   return s;
 }
@@ -205,7 +206,7 @@ std::vector<uint16_t> MoeLayer::forward(const uint16_t* x, int64_t T, LayerTaps*
   // Router logits, host routing and the plan.
   std::vector<float> logits(static_cast<size_t>(T * E));
   impl_->rows.split_rows(E, T, logits.data(), [&](int64_t r0, int64_t r1, float* buf) {
-    router_gemv(o_.router, w_.router + r0 * dim, x, buf, r1 - r0, dim, T);
+    router_gemv(o_.router, w_.router + r0 * dim, x, buf, r1 - r0, dim, T, w_.router_type);
   });
   const Routing rt =
       route_from_logits(logits.data(), T, RouteBias{w_.bias, w_.bias_vl, image_mask}, c, w_.layer);

@@ -43,7 +43,7 @@ std::vector<double> matvec(const MatView& m, const std::vector<double>& x) {
 }
 
 MatView router_view(const LayerWeights& w) {
-  return MatView{GgmlType::kBF16, w.config.n_routed, w.config.dim,
+  return MatView{w.router_type, w.config.n_routed, w.config.dim,
                  reinterpret_cast<const uint8_t*>(w.router)};
 }
 

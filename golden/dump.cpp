@@ -113,6 +113,10 @@ void put_layer(hid_t layers, const LayerTaps& t, const DumpMeta& m,
   h5::Handle g = h5::create_group(layers, std::to_string(t.layer), where);
   h5::write_attr(g.get(), "layer", static_cast<int64_t>(t.layer));
   h5::write_attr(g.get(), "tokens", T);
+  if (const auto it = m.layer_clamps.find(t.layer); it != m.layer_clamps.end()) {
+    h5::write_attr(g.get(), "config.swiglu_limit", it->second.first);
+    h5::write_attr(g.get(), "config.swiglu_limit_shared", it->second.second);
+  }
   put_bf16(g.get(), stage_dataset(Stage::kInput), t.input, T, c.dim);
   put_bf16(g.get(), stage_dataset(Stage::kOutput), t.output, T, c.dim);
   h5::write_dataset(g.get(), stage_dataset(Stage::kRouterLogits), Elem::kF32,
@@ -175,6 +179,8 @@ std::vector<uint8_t> dump_image(const Dump& d) {
   h5::write_attr(r, "config.score_func", to_string(c.score_func));
   h5::write_attr(r, "config.route_scale", c.route_scale);
   h5::write_attr(r, "config.swiglu_limit", c.swiglu_limit);
+  if (c.swiglu_limit_shared)
+    h5::write_attr(r, "config.swiglu_limit_shared", *c.swiglu_limit_shared);
   h5::write_attr(r, "config.gate_temp", c.gate_temp);
   h5::write_attr(r, "config.norm_topk_prob", static_cast<int64_t>(c.norm_topk_prob ? 1 : 0));
   if (m.has_model_seed) h5::write_attr(r, "model_seed", m.model_seed);
@@ -247,6 +253,15 @@ std::vector<uint8_t> get_image_mask(const h5::Reader& rd, hid_t g, const std::st
       rd.fail(path + "/image_mask",
               "token " + std::to_string(i) + ": expected 0 or 1, found " + std::to_string(mask[i]));
   return mask;
+}
+
+// A layer group's own clamps (DumpMeta::layer_clamps), when it records them.
+void read_layer_clamps(const h5::Reader& rd, hid_t layers, int32_t L, DumpMeta& m) {
+  const std::string path = "/layers/" + std::to_string(L);
+  h5::Handle g = rd.open_group(layers, "/layers", std::to_string(L));
+  if (!rd.has_attr(g.get(), "config.swiglu_limit")) return;
+  m.layer_clamps[L] = {rd.attr_f32(g.get(), path, "config.swiglu_limit"),
+                       rd.attr_f32(g.get(), path, "config.swiglu_limit_shared")};
 }
 
 LayerTaps get_layer(const h5::Reader& rd, hid_t layers, const DumpMeta& m, int32_t L) {
@@ -366,6 +381,8 @@ DumpMeta get_meta(const h5::Reader& rd) {
                                   rd.file() + ": / attribute config.score_func");
   c.route_scale = rd.attr_f32(r, p, "config.route_scale");
   c.swiglu_limit = rd.attr_f32(r, p, "config.swiglu_limit");
+  if (rd.has_attr(r, "config.swiglu_limit_shared"))
+    c.swiglu_limit_shared = rd.attr_f32(r, p, "config.swiglu_limit_shared");
   c.gate_temp = rd.attr_f32(r, p, "config.gate_temp");
   c.norm_topk_prob = rd.attr_int(r, p, "config.norm_topk_prob") != 0;
   c.validate(rd.file());
@@ -461,6 +478,7 @@ Dump read_dump_unguarded(const std::string& path) {
   bool any_slices = false;
   for (int32_t L : d.meta.layers) {
     d.layers.push_back(get_layer(rd, layers.get(), d.meta, L));
+    read_layer_clamps(rd, layers.get(), L, d.meta);
     d.slices.push_back(get_slices(rd, layers.get(), L));
     any_slices = any_slices || !d.slices.back().empty();
   }

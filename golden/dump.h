@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,6 +54,10 @@ struct DumpMeta {
   // w2, so the h and down taps are weighted; the reference) or "accumulate" (the emulation and
   // the kernels: h and down unweighted, acc += w * down). Root attribute routing_weight_at.
   std::string routing_weight_at = "accumulate";
+  // Layers whose SwiGLU clamps differ from config's (per-layer clamps of the deepseek4 /
+  // deepseek41 conventions): layer -> (routed, shared). Attributes config.swiglu_limit and
+  // config.swiglu_limit_shared of the layer's group; empty when config holds every layer's.
+  std::map<int32_t, std::pair<float, float>> layer_clamps;
 };
 
 struct Dump {

@@ -153,6 +153,7 @@ uint64_t stream_key(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
 void GenOptions::validate() const {
   const std::string where = "generator preset \"" + preset + "\"";
   config.validate(where);
+  detail::validate_convention(*this, where);
   if (n_layers < 1)
     throw InputError(where + ": n_layers must be at least 1, found " + std::to_string(n_layers));
   if (alignment < kMinGenAlignment || alignment > kMaxGenAlignment ||
@@ -160,6 +161,20 @@ void GenOptions::validate() const {
     throw InputError(where + ": alignment must be a power of two in [" +
                      std::to_string(kMinGenAlignment) + ", " + std::to_string(kMaxGenAlignment) +
                      "], found " + std::to_string(alignment));
+}
+
+ModelLayout GenOptions::layout() const {
+  ModelLayout l;
+  l.convention = convention;
+  l.n_layers = n_layers;
+  l.hash_layers = hash_layers;
+  l.clamp_exp = swiglu_limits;
+  l.clamp_shexp = swiglu_limits_shared;
+  if (!l.clamp_exp.empty() && l.clamp_shexp.empty())
+    l.clamp_shexp.assign(l.clamp_exp.size(), config.shared_swiglu_limit());
+  if (l.clamp_exp.empty() && !l.clamp_shexp.empty())
+    l.clamp_exp.assign(l.clamp_shexp.size(), config.swiglu_limit);
+  return l;
 }
 
 GenOptions preset_options(const std::string& preset) {
@@ -197,6 +212,7 @@ GenOptions options_from_model(const ModelFile& m) {
   o.blocks = p.fast_blocks ? ExpertBlocks::kRandomValid : ExpertBlocks::kQuantized;
   o.alignment = m.gguf().alignment();
   o.vision = m.has_tensor(0, LayerTensor::kBiasVl);
+  detail::conventions_from_model(m, o);
   const gguf::TensorInfo* t = m.gguf().find_tensor(tensor_name(0, LayerTensor::kGateShexp));
   o.shared = t && t->type != static_cast<uint32_t>(GgmlType::kBF16) ? SharedExpertType::kKQuant
                                                                     : SharedExpertType::kBF16;
@@ -226,7 +242,11 @@ void generate_router(const GenOptions& o, int layer, uint16_t* out) {
     // differently; more would let a few large-norm experts win most top-k picks at 384 experts.
     const float scale =
         static_cast<float>(0.85 + 0.3 * rng.uniform()) / std::sqrt(static_cast<float>(c.dim));
-    for (int64_t k = 0; k < c.dim; ++k) out[e * c.dim + k] = f32_to_bf16(rng.normal() * scale);
+    const bool f16 = o.router_type == GgmlType::kF16;
+    for (int64_t k = 0; k < c.dim; ++k) {
+      const float v = rng.normal() * scale;
+      out[e * c.dim + k] = f16 ? f32_to_f16(v) : f32_to_bf16(v);
+    }
   }
 }
 
@@ -291,7 +311,10 @@ void generate_shared(const GenOptions& o, int layer, Proj p, uint8_t* out) {
 
 LayerWeights generate_layer(const GenOptions& o, int layer) {
   o.validate();
-  const MoeConfig& c = o.config;
+  if (layer < o.hash_layers)
+    throw InputError("generator: layer " + std::to_string(layer) + " is hash-routed (hash_layers " +
+                     std::to_string(o.hash_layers) + "): moecheck cannot run it");
+  const MoeConfig c = o.layout().layer_config(o.config, layer);
   struct Buffers {
     std::vector<uint16_t> router;
     std::vector<float> bias, bias_vl;
@@ -323,6 +346,7 @@ LayerWeights generate_layer(const GenOptions& o, int layer) {
   w.layer = layer;
   w.config = c;
   w.router = buf->router.data();
+  w.router_type = o.router_type;
   w.bias = buf->bias.data();
   w.bias_vl = o.vision ? buf->bias_vl.data() : nullptr;
   w.gate_exps = ExpertStackView{GgmlType::kQ2K, c.inter, c.dim, c.n_routed, buf->exps[0].data()};
@@ -346,13 +370,14 @@ std::string write_model(const GenOptions& o, const std::string& path,
   uint64_t done = 0, total = 0;  // tensor bytes produced; the file's size (set before writing)
   w.set_alignment(o.alignment);
   w.set(keys::kName, gguf::make_string("moecheck synthetic " + o.preset));
-  add_config_metadata(w, c, o.n_layers);
+  write_model_metadata(w, c, o.layout());
   w.set(keys::kGenSeed, gguf::make_uint64(o.seed));
   w.set(keys::kGenPreset, gguf::make_string(o.preset));
   w.set(keys::kGenVersion, gguf::make_uint32(kGeneratorVersion));
   w.set(keys::kGenFastBlocks, gguf::make_bool(o.blocks == ExpertBlocks::kRandomValid));
   auto add = [&](int L, LayerTensor t, uint64_t chunk, gguf::FillFn fill) {
-    const TensorShape s = expected_tensor(c, t, o.shared);
+    TensorShape s = expected_tensor(c, t, o.shared);
+    if (t == LayerTensor::kRouter) s.type = o.router_type;
     gguf::FillFn counted = [&done, &total, &progress, f = std::move(fill)](
                                uint64_t offset, uint8_t* out, uint64_t n) {
       f(offset, out, n);
@@ -369,9 +394,11 @@ std::string write_model(const GenOptions& o, const std::string& path,
     add(L, LayerTensor::kRouter, router_bytes, [&o, L](uint64_t, uint8_t* out, uint64_t) {
       generate_router(o, L, reinterpret_cast<uint16_t*>(out));
     });
-    add(L, LayerTensor::kBias, bias_bytes, [&o, L](uint64_t, uint8_t* out, uint64_t) {
-      generate_bias(o, L, reinterpret_cast<float*>(out));
-    });
+    if (L < o.hash_layers) detail::add_hash_table(w, o, L);
+    else
+      add(L, LayerTensor::kBias, bias_bytes, [&o, L](uint64_t, uint8_t* out, uint64_t) {
+        generate_bias(o, L, reinterpret_cast<float*>(out));
+      });
     if (o.vision)
       add(L, LayerTensor::kBiasVl, bias_bytes, [&o, L](uint64_t, uint8_t* out, uint64_t) {
         generate_bias_vl(o, L, reinterpret_cast<float*>(out));

@@ -65,9 +65,25 @@ struct GenOptions {
   // Also write each layer's bias_vl (blk.N.exp_probs_b_vl.bias, model.py Gate.bias_vl): the
   // selection bias of image-span tokens. Off: the file holds the same bytes as without the field.
   bool vision = false;
+  // The metadata convention (golden/convention.h) and the router's type: moecheck's "deepseek2"
+  // with a BF16 router by default; `gen --convention deepseek4` writes llama.cpp's layout with an
+  // F16 router, as V4 converters do. The router's values are the same draws rounded to its type.
+  Convention convention = Convention::kMoecheck;
+  GgmlType router_type = GgmlType::kBF16;
+  // Per-layer SwiGLU clamps of the routed and the shared experts (n_layers entries each), or empty
+  // for config.swiglu_limit (and config.shared_swiglu_limit()) on every layer. Per-layer values
+  // need the deepseek4 / deepseek41 conventions (their clamp arrays).
+  std::vector<float> swiglu_limits, swiglu_limits_shared;
+  // deepseek4 only: layers [0, hash_layers) are written hash-routed, as V4's first layers are (a
+  // blk.N.ffn_gate_tid2eid.weight I32 [topk, hash_vocab] table, no exp_probs_b), so files that
+  // moecheck must refuse by name can be made; generate_layer refuses those layers.
+  int hash_layers = 0;
+  int64_t hash_vocab = 256;
 
   // InputError naming the preset and field when the options cannot make a model.
   void validate() const;
+  // The layout the options write (convention, layers, clamp arrays).
+  ModelLayout layout() const;
 };
 
 // "tiny": dim 512, inter 256, 16 experts, top 4. "small": 1024, 512, 64, top 6. "ds41": the
@@ -78,14 +94,15 @@ GenOptions preset_options(const std::string& preset);
 // The embedded model of `moecheck check`: tiny, 2 layers, seed 1.
 GenOptions default_model_options();
 // Rebuilds the options a generated file was written with (InputError if it has no provenance
-// or another generator version); `vision` from the presence of layer 0's bias_vl.
+// or another generator version); `vision` from the presence of layer 0's bias_vl, the convention,
+// clamps and hash layers from the metadata, the router type from the first routable layer's.
 GenOptions options_from_model(const ModelFile& m);
 
 // Bytes of one routed expert of a projection (gate/up Q2_K [inter, dim], down Q3_K [dim, inter]).
 int64_t expert_bytes(const GenOptions& o, Proj p);
 // Writes expert `expert`'s blocks of projection `p` in layer `layer` to out[expert_bytes(o, p)].
 void generate_expert_blocks(const GenOptions& o, int layer, Proj p, int64_t expert, uint8_t* out);
-// Router bf16 [n_routed, dim] and bias f32 [n_routed].
+// Router [n_routed, dim] in o.router_type (bf16 or f16 bits) and bias f32 [n_routed].
 void generate_router(const GenOptions& o, int layer, uint16_t* out);
 void generate_bias(const GenOptions& o, int layer, float* out);
 // bias_vl f32 [n_routed] (o.vision): drawn like the bias (the same spread: small noise, one expert
@@ -105,7 +122,20 @@ using WriteProgress = std::function<void(uint64_t done, uint64_t total)>;
 std::string write_model(const GenOptions& o, const std::string& path,
                         const WriteProgress& progress = {});
 
+// The hash table of a hash-routed layer: I32 [hash_vocab][topk], token t's experts
+// (t + j * max(1, n_routed / topk)) % n_routed for j = 0..topk-1 (distinct while topk * that
+// stride fits n_routed; the content is never computed with).
+void generate_hash_table(const GenOptions& o, int32_t* out);
+
 // Token inputs x [tokens, dim] bf16, ~N(0, 1), from a seed of their own.
 std::vector<uint16_t> generate_input(uint64_t seed, int64_t tokens, int64_t dim);
+
+namespace detail {
+// golden/generator_convention.cpp: the convention options' checks, reading them back from a file,
+// and a hash-routed layer's table tensor.
+void validate_convention(const GenOptions& o, const std::string& where);
+void conventions_from_model(const ModelFile& m, GenOptions& o);
+void add_hash_table(gguf::Writer& w, const GenOptions& o, int layer);
+}  // namespace detail
 
 }  // namespace moecheck

@@ -41,10 +41,6 @@ const Value* get(const gguf::Reader& r, const char* key, ValueType type, bool re
   return &kv->value;
 }
 
-int64_t get_count(const gguf::Reader& r, const char* key) {
-  return static_cast<int64_t>(get(r, key, ValueType::kUint32, true)->as_uint());
-}
-
 Value count_value(int64_t v, const char* key) {
   if (v < 0 || v > std::numeric_limits<uint32_t>::max())
     throw InputError(std::string("model metadata: ") + key + " = " + std::to_string(v) +
@@ -75,6 +71,10 @@ bool is_shared(LayerTensor t) {
 
 std::string tensor_name(int layer, LayerTensor t) {
   return "blk." + std::to_string(layer) + "." + tensor_suffix(t);
+}
+
+std::string hash_table_name(int layer) {
+  return "blk." + std::to_string(layer) + ".ffn_gate_tid2eid.weight";
 }
 
 TensorShape expected_tensor(const MoeConfig& c, LayerTensor t, SharedExpertType shared) {
@@ -114,6 +114,8 @@ void add_config_metadata(gguf::Writer& w, const MoeConfig& c, int n_layers) {
   w.set(keys::kGateTemp, gguf::make_float32(c.gate_temp));
   w.set(keys::kScoreFunc, gguf::make_string(to_string(c.score_func)));
   w.set(keys::kSwigluLimit, gguf::make_float32(c.swiglu_limit));
+  if (c.swiglu_limit_shared)
+    w.set(keys::kSwigluLimitShared, gguf::make_float32(*c.swiglu_limit_shared));
 }
 
 ModelFile ModelFile::open(const std::string& path, gguf::MapMode mode) {
@@ -124,41 +126,8 @@ ModelFile ModelFile::from_gguf(gguf::Reader reader) {
   ModelFile m;
   m.gguf_ = std::move(reader);
   const gguf::Reader& r = m.gguf_;
-  const std::string& file = r.name();
-
-  const Value* arch = get(r, keys::kArchitecture, ValueType::kString, true);
-  if (arch->str != kArchitectureName)
-    throw InputError(file + ": metadata key \"" + keys::kArchitecture + "\": expected \"" +
-                     kArchitectureName + "\", found \"" + arch->str + "\"");
-  const int64_t blocks = get_count(r, keys::kBlockCount);
-  if (blocks < 1 || blocks > std::numeric_limits<int>::max())
-    throw InputError(file + ": metadata key \"" + keys::kBlockCount +
-                     "\": expected at least 1 layer, found " + std::to_string(blocks));
-  m.n_layers_ = static_cast<int>(blocks);
-
-  MoeConfig& c = m.config_;
-  c.dim = get_count(r, keys::kDim);
-  c.inter = get_count(r, keys::kInter);
-  c.n_routed = get_count(r, keys::kNRouted);
-  c.topk = get_count(r, keys::kTopk);
-  c.n_shared = get_count(r, keys::kNShared);
-  c.route_scale = get(r, keys::kRouteScale, ValueType::kFloat32, true)->as_f32();
-  c.norm_topk_prob = get(r, keys::kNormTopk, ValueType::kBool, true)->as_bool();
-  c.score_func = parse_score_func(get(r, keys::kScoreFunc, ValueType::kString, true)->str,
-                                  file + ": metadata key \"" + keys::kScoreFunc + "\"");
-  c.swiglu_limit = get(r, keys::kSwigluLimit, ValueType::kFloat32, true)->as_f32();
-  if (const Value* t = get(r, keys::kGateTemp, ValueType::kFloat32, false))
-    c.gate_temp = t->as_f32();
-  if (const Value* g = get(r, keys::kGatingFunc, ValueType::kUint32, false)) {
-    const uint64_t id = g->as_uint();
-    const bool agrees = (id == 1 && c.score_func == ScoreFunc::kSoftmax) ||
-                        (id == 2 && c.score_func == ScoreFunc::kSigmoid);
-    if (!agrees)
-      throw InputError(file + ": metadata key \"" + keys::kGatingFunc +
-                       "\" = " + std::to_string(id) + " (1 softmax, 2 sigmoid) disagrees with \"" +
-                       keys::kScoreFunc + "\" = \"" + to_string(c.score_func) + "\"");
-  }
-  c.validate(file);
+  read_model_metadata(r, m.config_, m.layout_);
+  m.n_layers_ = m.layout_.n_layers;
 
   if (r.find(keys::kGenSeed)) {
     GeneratorProvenance p;
@@ -176,20 +145,57 @@ bool ModelFile::has_tensor(int L, LayerTensor t) const {
   return gguf_.find_tensor(tensor_name(L, t)) != nullptr;
 }
 
+bool ModelFile::hash_routed(int L) const {
+  return L < layout_.hash_layers || gguf_.find_tensor(hash_table_name(L)) != nullptr;
+}
+
+MoeConfig ModelFile::layer_config(int L) const { return layout_.layer_config(config_, L); }
+
+namespace {
+
+// The refusal of a tensor whose type moecheck cannot run: what was found, what is expected.
+std::string unsupported_type(LayerTensor t, const char* found, GgmlType want) {
+  const std::string f = std::string("type ") + found;
+  switch (t) {
+    case LayerTensor::kGateExps:
+    case LayerTensor::kUpExps:
+    case LayerTensor::kDownExps:
+      return f + ", expected " + ggml_name(static_cast<uint32_t>(want)) +
+             ": routed experts of other types are not supported (moecheck runs Q2_K gate / up "
+             "and Q3_K down experts)";
+    case LayerTensor::kRouter: return f + ", expected BF16 or F16 (the router)";
+    default: return f + ", expected " + ggml_name(static_cast<uint32_t>(want));
+  }
+}
+
+}  // namespace
+
 LayerWeights ModelFile::layer(int L) const {
   const std::string& file = gguf_.name();
   if (L < 0 || L >= n_layers_)
     throw InputError(file + ": layer " + std::to_string(L) + " out of range: the file has " +
-                     std::to_string(n_layers_) + " layers (" + keys::kBlockCount + ")");
-  const MoeConfig& c = config_;
+                     std::to_string(n_layers_) + " MoE layers" +
+                     (layout_.nextn_layers ? " (and " + std::to_string(layout_.nextn_layers) +
+                                                 " MTP blocks after them, not addressed)"
+                                           : std::string()));
+  if (hash_routed(L))
+    throw InputError(file + ": layer " + std::to_string(L) + " is hash-routed (tensor \"" +
+                     hash_table_name(L) + "\", " + architecture_name(layout_.convention) +
+                     ".hash_layer_count " + std::to_string(layout_.hash_layers) +
+                     "): its experts are picked from the token id, which no moecheck input "
+                     "carries; choose layers from " +
+                     std::to_string(layout_.hash_layers) + " on (--layers)");
+  const MoeConfig c = layer_config(L);
   auto view = [&](LayerTensor which) -> const uint8_t* {
     const std::string name = tensor_name(L, which);
     const gguf::TensorInfo* t = gguf_.find_tensor(name);
     if (!t)
       throw InputError(file + ": layer " + std::to_string(L) + ": tensor \"" + name +
                        "\" is missing");
-    const std::string where = file + ": tensor \"" + name + "\"";
+    const std::string where = file + ": layer " + std::to_string(L) + ": tensor \"" + name + "\"";
     TensorShape want = expected_tensor(c, which, SharedExpertType::kBF16);
+    if (which == LayerTensor::kRouter && t->type == static_cast<uint32_t>(GgmlType::kF16))
+      want.type = GgmlType::kF16;
     if (is_shared(which) && t->type != static_cast<uint32_t>(GgmlType::kBF16)) {
       const TensorShape kq = expected_tensor(c, which, SharedExpertType::kKQuant);
       if (t->type != static_cast<uint32_t>(kq.type))
@@ -198,8 +204,7 @@ LayerWeights ModelFile::layer(int L) const {
       want = kq;
     }
     if (t->type != static_cast<uint32_t>(want.type))
-      throw InputError(where + ": type " + ggml_name(t->type) + ", expected " +
-                       ggml_name(static_cast<uint32_t>(want.type)));
+      throw InputError(where + ": " + unsupported_type(which, ggml_name(t->type), want.type));
     const std::vector<int64_t> ne(t->ne.begin(), t->ne.begin() + t->n_dims);
     if (ne != want.ne)
       throw InputError(where + ": ne " + ne_string(ne) + " (ggml order), expected " +
@@ -220,6 +225,8 @@ LayerWeights ModelFile::layer(int L) const {
   w.layer = L;
   w.config = c;
   w.router = reinterpret_cast<const uint16_t*>(view(LayerTensor::kRouter));
+  w.router_type =
+      static_cast<GgmlType>(gguf_.find_tensor(tensor_name(L, LayerTensor::kRouter))->type);
   w.bias = reinterpret_cast<const float*>(view(LayerTensor::kBias));
   if (has_tensor(L, LayerTensor::kBiasVl))  // optional: model.py's Gate.bias_vl
     w.bias_vl = reinterpret_cast<const float*>(view(LayerTensor::kBiasVl));

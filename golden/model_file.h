@@ -12,6 +12,7 @@
 #include "core/blocks.h"
 #include "core/config.h"
 #include "core/layer_weights.h"
+#include "golden/convention.h"
 #include "golden/gguf.h"
 #include "golden/sha256.h"
 
@@ -31,13 +32,14 @@ inline constexpr const char* kNShared = "deepseek2.expert_shared_count";       /
 inline constexpr const char* kRouteScale = "deepseek2.expert_weights_scale";   // float32
 inline constexpr const char* kNormTopk = "deepseek2.expert_weights_norm";      // bool
 inline constexpr const char* kGatingFunc = "deepseek2.expert_gating_func";     // uint32, optional
-inline constexpr const char* kGateTemp = "moecheck.gate_temp";            // float32, optional (1)
-inline constexpr const char* kScoreFunc = "moecheck.score_func";          // string
-inline constexpr const char* kSwigluLimit = "moecheck.swiglu_limit";      // float32
-inline constexpr const char* kGenSeed = "moecheck.generator.seed";        // uint64
-inline constexpr const char* kGenPreset = "moecheck.generator.preset";    // string
-inline constexpr const char* kGenVersion = "moecheck.generator.version";  // uint32
-inline constexpr const char* kGenFastBlocks = "moecheck.generator.fast_blocks";  // bool
+inline constexpr const char* kGateTemp = "moecheck.gate_temp";        // float32, optional (1)
+inline constexpr const char* kScoreFunc = "moecheck.score_func";      // string
+inline constexpr const char* kSwigluLimit = "moecheck.swiglu_limit";  // float32
+inline constexpr const char* kSwigluLimitShared = "moecheck.swiglu_limit_shared";  // optional
+inline constexpr const char* kGenSeed = "moecheck.generator.seed";                 // uint64
+inline constexpr const char* kGenPreset = "moecheck.generator.preset";             // string
+inline constexpr const char* kGenVersion = "moecheck.generator.version";           // uint32
+inline constexpr const char* kGenFastBlocks = "moecheck.generator.fast_blocks";    // bool
 }  // namespace keys
 
 inline constexpr const char* kArchitectureName = "deepseek2";
@@ -67,6 +69,9 @@ inline constexpr std::array<LayerTensor, 1> kOptionalLayerTensors = {LayerTensor
 
 // "blk.<layer>.ffn_gate_exps.weight" etc.
 std::string tensor_name(int layer, LayerTensor t);
+// "blk.<layer>.ffn_gate_tid2eid.weight": a hash-routed layer's I32 [topk, n_vocab] table of
+// experts by token id (deepseek4; docs/gguf.md "Conventions"). moecheck refuses such layers.
+std::string hash_table_name(int layer);
 
 struct TensorShape {
   GgmlType type = GgmlType::kF32;
@@ -75,7 +80,8 @@ struct TensorShape {
 // The type and shape a layer tensor must have for `c`.
 TensorShape expected_tensor(const MoeConfig& c, LayerTensor t, SharedExpertType shared);
 
-// Writes general.architecture, general.quantization_version and the config keys.
+// Writes general.architecture, general.quantization_version and the config keys of moecheck's own
+// convention ("deepseek2"); golden/convention.h write_model_metadata writes any convention.
 void add_config_metadata(gguf::Writer& w, const MoeConfig& c, int n_layers);
 
 // What the synthetic generator recorded (absent for files from elsewhere).
@@ -94,8 +100,16 @@ class ModelFile {
   static ModelFile from_gguf(gguf::Reader reader);
 
   const std::string& path() const { return gguf_.name(); }
+  // The file-wide config; with per-layer clamps (deepseek4 / deepseek41) it holds layer 0's, and
+  // layer_config(L) (the config of layer(L)) each layer's.
   const MoeConfig& config() const { return config_; }
+  MoeConfig layer_config(int L) const;
+  // The MoE layers moecheck addresses (MTP blocks excluded).
   int n_layers() const { return n_layers_; }
+  const ModelLayout& layout() const { return layout_; }
+  Convention convention() const { return layout_.convention; }
+  // Layer L selects experts by token id (a hash table, or L < hash_layer_count): layer(L) refuses.
+  bool hash_routed(int L) const;
   const std::optional<GeneratorProvenance>& provenance() const { return provenance_; }
   const gguf::Reader& gguf() const { return gguf_; }
   // The writable address of n bytes of a layer view (a copy-on-write open only; see
@@ -104,9 +118,10 @@ class ModelFile {
     return gguf_.writable(static_cast<const uint8_t*>(p), n);
   }
 
-  // Views of layer L's tensors; throws InputError naming the file, tensor and field for a
-  // missing tensor, wrong type, wrong shape or misaligned data. The optional bias_vl
-  // (blk.L.exp_probs_b_vl.bias) is nullptr when absent and validated when present.
+  // Views of layer L's tensors; throws InputError naming the file, layer, tensor and field for a
+  // hash-routed layer, a missing tensor, a type moecheck cannot run (routed experts other than
+  // Q2_K / Q3_K, a router other than BF16 / F16), a wrong shape or misaligned data. The optional
+  // bias_vl (blk.L.exp_probs_b_vl.bias) is nullptr when absent and validated when present.
   LayerWeights layer(int L) const;
   // Whether layer L holds the optional tensor t (by name; layer() validates it).
   bool has_tensor(int L, LayerTensor t) const;
@@ -114,6 +129,7 @@ class ModelFile {
  private:
   gguf::Reader gguf_;
   MoeConfig config_;
+  ModelLayout layout_;
   int n_layers_ = 0;
   std::optional<GeneratorProvenance> provenance_;
 };

@@ -74,7 +74,7 @@ Expert MoE::routed(int64_t e) const {
 }
 
 Expert MoE::shared() const {
-  return Expert(w_.shared_gate, w_.shared_up, w_.shared_down, w_.config.swiglu_limit);
+  return Expert(w_.shared_gate, w_.shared_up, w_.shared_down, w_.config.shared_swiglu_limit());
 }
 
 std::vector<uint16_t> MoE::forward(const uint16_t* x_bf16, int64_t T, LayerTaps* taps,

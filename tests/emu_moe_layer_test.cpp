@@ -58,6 +58,32 @@ TEST(EmuMoeLayer, small_T5_bf16shared_staged_randomblocks_vs_reference) {
                                    "small_T5_bf16shared_staged_randomblocks seed 5");
 }
 
+// A deepseek4-convention layer: F16 router, per-layer clamps small enough to bite, the shared
+// expert's differing from the routed experts'. Every stage within its bound of the reference (which
+// reads the same per-layer config); and the shared clamp is used: dropping it moves the output.
+TEST(EmuMoeLayer, tiny_T8_deepseek4_f16router_perlayer_clamps_vs_reference) {
+  GenOptions o = preset("tiny", SharedExpertType::kBF16);
+  o.convention = Convention::kDeepseek4;
+  o.router_type = GgmlType::kF16;
+  o.swiglu_limits = {10.0f, 0.75f};
+  o.swiglu_limits_shared = {10.0f, 0.25f};
+  const LayerWeights w = generate_layer(o, 1);
+  ASSERT_EQ(w.router_type, GgmlType::kF16);
+  ASSERT_EQ(w.config.shared_swiglu_limit(), 0.25f);
+  const std::vector<uint16_t> x = generate_input(9, 8, w.config.dim);
+  emutest::check_against_reference(w, x, 8, opts(RouterVariant::kStaged),
+                                   "tiny_T8_deepseek4_f16router layer 1 seed 9");
+  LayerWeights same = w;
+  same.config.swiglu_limit_shared.reset();  // the shared expert clamped at 0.75 instead
+  const emu::MoeLayer a(w, opts(RouterVariant::kStaged)), b(same, opts(RouterVariant::kStaged));
+  const std::vector<uint16_t> ya = a.forward(x.data(), 8), yb = b.forward(x.data(), 8);
+  EXPECT_NE(std::memcmp(ya.data(), yb.data(), ya.size() * 2), 0)
+      << "the shared expert's clamp changed nothing";
+  const ref::MoE ra(w, ref::Precision::kModel), rb(same, ref::Precision::kModel);
+  EXPECT_NE(ra.forward(x.data(), 8), rb.forward(x.data(), 8))
+      << "the reference ignores the shared expert's clamp";
+}
+
 // The other score functions, with a gate temperature and without renormalisation (softmax's
 // scores come from the whole row: its bounds are compare/score_band.cpp's softmax band).
 TEST(EmuMoeLayer, tiny_T8_softmax_temp0p7_nonorm_and_sigmoid_vs_reference) {

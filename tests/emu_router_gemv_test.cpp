@@ -89,6 +89,54 @@ INSTANTIATE_TEST_SUITE_P(Configs, EmuRouterGemv,
                                            Case{RouterVariant::kStaged, 8, 2056, 1}),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
 
+// F16 router weights (the deepseek4 conventions' ffn_gate_inp): widened exactly, the same chain
+// as bf16. The weights span f16's range: normals, subnormals (below 2^-14), the largest finite.
+TEST(EmuRouterGemvF16, ReplayAndBound_plain_and_staged) {
+  emutest::Gen g(23);
+  const int64_t rows = 12, K = 2304, T = 3;
+  std::vector<uint16_t> w = g.bf16(rows * K, 0.02);
+  for (size_t i = 0; i < w.size(); ++i) {
+    float v = bf16_to_f32(w[i]) * (i % 7 == 0 ? 0x1p-12f : 1.0f);  // some f16 subnormals
+    if (i % 1001 == 0) v = i % 2 ? 65504.0f : -65504.0f;
+    w[i] = f32_to_f16(v);
+  }
+  const std::vector<uint16_t> x = g.bf16(T * K, 1.0);
+  for (RouterVariant v : {RouterVariant::kPlain, RouterVariant::kStaged}) {
+    const std::string name = v == RouterVariant::kPlain ? "f16 plain" : "f16 staged";
+    std::vector<float> y(static_cast<size_t>(T * rows));
+    emu::router_gemv(v, w.data(), x.data(), y.data(), rows, K, T, GgmlType::kF16);
+    const int threads = v == RouterVariant::kPlain ? kWarpSize : kRouterStagedThreads;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<float> part(static_cast<size_t>(threads), 0.0f);
+        double exact = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const float wf = f16_to_f32(w[r * K + k]), xf = bf16_to_f32(x[t * K + k]);
+          float& p = part[static_cast<size_t>((k / kGemvChunk) % threads)];
+          p = fma_rn(wf, xf, p);
+          exact += static_cast<double>(wf) * xf;
+          mag += std::fabs(static_cast<double>(wf) * xf);
+        }
+        float lane[kWarpSize];
+        for (int l = 0; l < kWarpSize; ++l) {
+          lane[l] = part[l];
+          for (int j = 1; j < threads / kWarpSize; ++j)
+            lane[l] = add_rn(lane[l], part[l + kWarpSize * j]);
+        }
+        const float got = y[t * rows + r];
+        ASSERT_EQ(f32_bits(got), f32_bits(butterfly(lane))) << name << " row " << r << " tok " << t;
+        const int64_t depth = v == RouterVariant::kPlain ? 8 * ((K + 255) / 256) + 5
+                                                         : 8 * ((K + 2047) / 2048) + 7 + 5;
+        ASSERT_LE(std::fabs(got - exact), (emutest::gamma(depth) + emutest::gamma64(K)) * mag)
+            << name << " row " << r << " token " << t;
+      }
+    // Read as bf16 the same bits give other logits: the type is not ignored.
+    std::vector<float> yb(y.size());
+    emu::router_gemv(v, w.data(), x.data(), yb.data(), rows, K, T, GgmlType::kBF16);
+    EXPECT_NE(std::memcmp(yb.data(), y.data(), y.size() * 4), 0) << name;
+  }
+}
+
 TEST(EmuRouterGemvEdge, NaNPropagatesToItsRowOnly) {
   emutest::Gen g(3);
   std::vector<uint16_t> w = g.bf16(4 * 256, 0.1);

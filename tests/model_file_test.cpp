@@ -260,7 +260,7 @@ TEST(ModelFile, MetadataErrorsNameFileAndKey) {
   expect_open_error(with_meta(keys::kSwigluLimit, std::nullopt), "no_swiglu",
                     {"\"moecheck.swiglu_limit\" (float32) is missing"});
   expect_open_error(with_meta(keys::kArchitecture, make_string("llama")), "arch",
-                    {"expected \"deepseek2\", found \"llama\""});
+                    {"metadata key \"general.architecture\"", "\"deepseek4\"", "found \"llama\""});
   expect_open_error(with_meta(keys::kBlockCount, make_uint32(0)), "no_layers",
                     {"at least 1 layer, found 0"});
   expect_open_error(with_meta(keys::kGatingFunc, make_uint32(2)), "gating",
@@ -280,12 +280,14 @@ TEST(ModelFile, TensorErrorsNameFileAndTensor) {
   expect_layer_error(without_tensor("blk.0.ffn_up_exps.weight"), "missing_tensor",
                      {"layer 0: tensor \"blk.0.ffn_up_exps.weight\" is missing"});
   expect_layer_error(with_tensor("blk.0.ffn_gate_exps.weight", 11, {256, 256, 4}), "wrong_type",
-                     {"tensor \"blk.0.ffn_gate_exps.weight\": type Q3_K, expected Q2_K"});
+                     {"layer 0: tensor \"blk.0.ffn_gate_exps.weight\": type Q3_K, expected Q2_K",
+                      "routed experts of other types are not supported"});
   expect_layer_error(with_tensor("blk.0.ffn_down_exps.weight", 11, {256, 256, 3}), "wrong_shape",
                      {"tensor \"blk.0.ffn_down_exps.weight\": ne [256, 256, 3] (ggml order), "
                       "expected [256, 256, 4]"});
-  expect_layer_error(with_tensor("blk.0.ffn_gate_inp.weight", 0, {256, 4}), "router_f32",
-                     {"\"blk.0.ffn_gate_inp.weight\": type F32, expected BF16"});
+  expect_layer_error(
+      with_tensor("blk.0.ffn_gate_inp.weight", 0, {256, 4}), "router_f32",
+      {"layer 0: tensor \"blk.0.ffn_gate_inp.weight\": type F32, expected BF16 or F16"});
   expect_layer_error(with_tensor("blk.0.exp_probs_b.bias", 0, {4, 1}), "bias_2d",
                      {"\"blk.0.exp_probs_b.bias\": ne [4, 1] (ggml order), expected [4]"});
   expect_layer_error(with_tensor("blk.0.ffn_gate_shexp.weight", 12, {256, 256}), "shexp_q4k",

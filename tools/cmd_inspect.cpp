@@ -1,6 +1,7 @@
 // `moecheck inspect FILE`: a GGUF model (metadata, tensors, types, shapes, the config) or an
 // HDF5 dump (root attributes, layers, stages and their shapes), validated as it is read.
 // Contract: docs/cli.md "inspect".
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -81,6 +82,7 @@ void config_lines(const MoeConfig& c, Json* j) {
     j->kv("swiglu_limit", double(c.swiglu_limit))
         .kv("gate_temp", double(c.gate_temp))
         .kv("norm_topk_prob", c.norm_topk_prob);
+    if (c.swiglu_limit_shared) j->kv("swiglu_limit_shared", double(*c.swiglu_limit_shared));
     j->end_object();
     return;
   }
@@ -91,6 +93,43 @@ void config_lines(const MoeConfig& c, Json* j) {
       static_cast<long long>(c.n_routed), static_cast<long long>(c.topk),
       static_cast<long long>(c.n_shared), to_string(c.score_func).c_str(), double(c.route_scale),
       double(c.swiglu_limit), double(c.gate_temp), c.norm_topk_prob ? "true" : "false");
+  if (c.swiglu_limit_shared)
+    std::printf("shared expert: swiglu_limit %.9g\n", double(*c.swiglu_limit_shared));
+}
+
+// What a model file's convention adds to its config: the architecture, the router's type, the
+// per-layer clamps, hash-routed and MTP layers, and the keys that took their defaults.
+void layout_lines(const ModelFile& m, Json* j) {
+  const ModelLayout& l = m.layout();
+  const int first = std::min(l.hash_layers, m.n_layers() - 1);
+  const gguf::TensorInfo* r = m.gguf().find_tensor(tensor_name(first, LayerTensor::kRouter));
+  const char* router = r ? gguf::type_traits(r->type).name : nullptr;
+  if (j != nullptr) {
+    j->kv("convention", architecture_name(l.convention)).kv("router_type", router ? router : "?");
+    j->kv("hash_layers", l.hash_layers).kv("mtp_layers", l.nextn_layers);
+    j->key("swiglu_clamp_exp").begin_array();
+    for (float v : l.clamp_exp) j->value(double(v));
+    j->end_array().key("swiglu_clamp_shexp").begin_array();
+    for (float v : l.clamp_shexp) j->value(double(v));
+    j->end_array().key("defaulted").begin_object();
+    for (const DefaultedKey& d : l.defaulted) j->kv(d.key, d.value);
+    j->end_object();
+    return;
+  }
+  std::printf("convention: %s, router %s", architecture_name(l.convention), router ? router : "?");
+  if (l.hash_layers)
+    std::printf(", hash-routed layers 0-%d (refused: they route by token id)", l.hash_layers - 1);
+  if (l.nextn_layers) std::printf(", %d MTP block(s) after the main stack", l.nextn_layers);
+  std::printf("\n");
+  if (!l.clamp_exp.empty()) {
+    std::printf("swiglu clamps per layer (routed / shared):");
+    for (size_t L = 0; L < l.clamp_exp.size(); ++L)
+      std::printf("%s %zu: %.9g / %.9g", L ? "," : "", L, double(l.clamp_exp[L]),
+                  double(l.clamp_shexp[L]));
+    std::printf("\n");
+  }
+  for (const DefaultedKey& d : l.defaulted)
+    std::printf("defaulted: %s = %s (absent from the file)\n", d.key.c_str(), d.value.c_str());
 }
 
 int inspect_gguf(const InspectArgs& a) {
@@ -140,6 +179,7 @@ int inspect_gguf(const InspectArgs& a) {
     if (a.json) j.kv("layers", mf->n_layers());
     else std::printf("moecheck model: %d layer(s)\n", mf->n_layers());
     config_lines(mf->config(), jp);
+    layout_lines(*mf, jp);
     if (mf->provenance()) {
       const GeneratorProvenance& p = *mf->provenance();
       if (a.json)

@@ -337,8 +337,11 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
   std::string why;
   if (!impl_available(spec.impl, &why)) throw InputError(why);
   std::vector<int> layers = spec.layers;
+  // By default every layer moecheck can run: hash-routed layers (deepseek4's first ones) pick
+  // experts by token id and are left out; naming one in --layers gets ModelFile's refusal.
   if (layers.empty())
-    for (int l = 0; l < m.file.n_layers(); ++l) layers.push_back(l);
+    for (int l = 0; l < m.file.n_layers(); ++l)
+      if (!m.file.hash_routed(l)) layers.push_back(l);
   for (int l : layers)
     if (l >= m.file.n_layers())
       throw InputError("--layers: layer " + std::to_string(l) + " is not in " + m.path +
@@ -380,6 +383,9 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
     d.slices.push_back(m.hasher->layer_slices(L, experts_used(taps.topk_ids), !mask.empty()));
     carried = std::move(y);
     d.meta.layers.push_back(L);
+    if (w.config.swiglu_limit != d.meta.config.swiglu_limit ||
+        w.config.shared_swiglu_limit() != d.meta.config.shared_swiglu_limit())
+      d.meta.layer_clamps[L] = {w.config.swiglu_limit, w.config.shared_swiglu_limit()};
     d.layers.push_back(std::move(taps));
     if (progress) progress->step("layer " + std::to_string(L) + " " + impl_name(spec.impl));
   }

@@ -101,8 +101,9 @@ std::vector<uint8_t> image_mask_of(int64_t T) {
 // emu once per (router variant, T); every CUDA variant against it, each forward twice. masked:
 // the layer gets a bias_vl and every forward an image mask.
 void run_layer(const GenOptions& o, const std::vector<int64_t>& Ts,
-               const std::vector<Variant>& variants, uint64_t input_seed, bool masked = false) {
-  LayerWeights w = generate_layer(o, 0);
+               const std::vector<Variant>& variants, uint64_t input_seed, bool masked = false,
+               int layer = 0) {
+  LayerWeights w = generate_layer(o, layer);
   const std::vector<float> bvl = vision_bias(w);
   if (masked) w.bias_vl = bvl.data();
   std::vector<std::unique_ptr<cuda::MoeLayer>> layers;
@@ -198,6 +199,27 @@ TEST(CudaMoeLayer, Ds41_OneToken_HostAndDeviceRoute) {
             {{8, RouterVariant::kStaged, true, false},
              {8, RouterVariant::kStaged, true, false, RoutePlace::kDevice}},
             450);
+}
+
+// A deepseek4-convention layer: F16 router, per-layer clamps (layer 1's small enough to bite), the
+// shared expert's differing from the routed experts'; every variant, both routes.
+TEST(CudaMoeLayer, Deepseek4_F16Router_PerLayerClamps_Tiny_Ds41_T1to8) {
+  MOECHECK_REQUIRE_GPU();
+  for (const char* preset : {"tiny", "ds41"}) {
+    GenOptions o = preset_options(preset);
+    o.convention = Convention::kDeepseek4;
+    o.router_type = GgmlType::kF16;
+    o.swiglu_limits = {10.0f, 0.75f};
+    o.swiglu_limits_shared = {10.0f, 0.25f};
+    const bool tiny = o.preset == "tiny";
+    run_layer(
+        o, tiny ? std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8} : std::vector<int64_t>{1, 3, 8},
+        tiny ? all_variants()
+             : std::vector<Variant>{{8, RouterVariant::kStaged, true, false},
+                                    {8, RouterVariant::kStaged, true, true, RoutePlace::kDevice},
+                                    {4, RouterVariant::kPlain, false, false, RoutePlace::kDevice}},
+        900, false, 1);
+  }
 }
 
 // The image mask: bias_vl selects for tokens t % 3 != 0, host and device route, T = 1..8.

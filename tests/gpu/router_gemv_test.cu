@@ -14,15 +14,18 @@ namespace {
 using gputest::DevArray;
 using gputest::same_f32;
 
-void check(RouterVariant v, uint64_t seed) {
+// wt: the weights' type; the F16 cases read the same random bits as f16 (normals, subnormals,
+// and whatever the adversarial cases plant). force_T = 1: the one-token kernel.
+void check(RouterVariant v, uint64_t seed, GgmlType wt = GgmlType::kBF16, int64_t force_T = 0) {
   gputest::check_gemv_case(
-      seed, "logits",
-      [v](const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K, int64_t T) {
-        emu::router_gemv(v, w, x, y, rows, K, T);
+      seed, wt == GgmlType::kF16 ? "logits (f16 router)" : "logits",
+      [v, wt](const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K, int64_t T) {
+        emu::router_gemv(v, w, x, y, rows, K, T, wt);
       },
-      [v](const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K, int64_t T) {
-        cuda::router_gemv(v, w, x, y, rows, K, T, nullptr);
-      });
+      [v, wt](const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K, int64_t T) {
+        cuda::router_gemv(v, w, x, y, rows, K, T, nullptr, wt);
+      },
+      force_T);
 }
 
 TEST(RouterGemv, PlainEqualsEmu_100Seeds) {
@@ -33,6 +36,16 @@ TEST(RouterGemv, PlainEqualsEmu_100Seeds) {
 TEST(RouterGemv, StagedEqualsEmu_100Seeds) {
   MOECHECK_REQUIRE_GPU();
   for (uint64_t s = 1; s <= 100; ++s) ASSERT_NO_FATAL_FAILURE(check(RouterVariant::kStaged, s));
+}
+
+// The F16 routers of the deepseek4 / deepseek41 conventions: both variants, any T and one token.
+TEST(RouterGemv, F16WeightsEqualEmu_BothVariants_100Seeds_AndOneToken) {
+  MOECHECK_REQUIRE_GPU();
+  for (RouterVariant v : {RouterVariant::kPlain, RouterVariant::kStaged})
+    for (uint64_t s = 1; s <= 100; ++s) {
+      ASSERT_NO_FATAL_FAILURE(check(v, 7000 + s, GgmlType::kF16));
+      ASSERT_NO_FATAL_FAILURE(check(v, 7500 + s, GgmlType::kF16, 1));
+    }
 }
 
 TEST(RouterGemv, Ds41Router384x5120_BothVariants_T1_T8) {
