@@ -57,7 +57,9 @@ TEST_F(CliOutput, InspectPrintsSmallFloatsInFullAndJsonNumbers) {
   EXPECT_CONTAINS(t.out, "float32 9.99999968e-21", t);
   const CliResult j = run("inspect " + p("eps.gguf") + " --json");
   EXPECT_EXIT_CODE(j, 0);
-  EXPECT_CONTAINS(j.out, "\"test.eps\":{\"type\":\"float32\",\"value\":9.99999968e-21}", j);
+  // The float32 nearest 1e-20 as a JSON number: the shortest decimal that reads back as that
+  // float's exact value (9 digits before nlohmann/json wrote the output).
+  EXPECT_CONTAINS(j.out, "\"test.eps\":{\"type\":\"float32\",\"value\":9.999999682655225e-21}", j);
   EXPECT_CONTAINS(j.out, "\"test.count\":{\"type\":\"uint64\",\"value\":7}", j);
   EXPECT_CONTAINS(j.out, "\"elem_type\":\"int32\",\"count\":2,\"values\":[-1,2]", j);
   EXPECT_CONTAINS(j.out, "\"shape\":[4,2]", j);

@@ -1,109 +1,95 @@
-// Streaming JSON writer of the command line's machine output. Contract: docs/cli.md.
+// The command line's machine output on nlohmann::ordered_json. Contract: docs/cli.md "Output".
 #include "tools/json.h"
 
 #include <cmath>
-#include <cstdio>
+#include <stdexcept>
+#include <utility>
 
 namespace moecheck::cli {
 
-std::string json_escape(const std::string& s) {
-  std::string o = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': o += "\\\""; break;
-      case '\\': o += "\\\\"; break;
-      case '\n': o += "\\n"; break;
-      case '\t': o += "\\t"; break;
-      case '\r': o += "\\r"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          o += buf;
-        } else {
-          o += static_cast<char>(c);
-        }
-    }
-  }
-  return o + "\"";
+using nlohmann::ordered_json;
+
+ordered_json json_number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
+  return v;
 }
 
-void Json::separate() {
-  if (after_key_) {
-    after_key_ = false;
-    return;
+// Places v where the document stands (the top level, after a key in an object, or the next
+// element of an array) and returns where it now lives.
+ordered_json* Json::put(ordered_json v) {
+  if (open_.empty()) {
+    if (done_ || key_) throw std::logic_error("json: a value outside the document");
+    doc_ = std::move(v);
+    done_ = true;
+    return &doc_;
   }
-  if (!first_.empty()) {
-    if (!first_.back()) s_ += ",";
-    first_.back() = false;
+  ordered_json& at = *open_.back();
+  if (at.is_array()) {
+    if (key_) throw std::logic_error("json: key \"" + *key_ + "\" inside an array");
+    at.push_back(std::move(v));
+    return &at.back();
   }
+  if (!key_) throw std::logic_error("json: a value without a key inside an object");
+  const auto [it, inserted] = at.emplace(*key_, std::move(v));
+  if (!inserted) throw std::logic_error("json: duplicate key \"" + *key_ + "\"");
+  key_.reset();
+  return &*it;
+}
+
+Json& Json::close(ordered_json::value_t type, const char* what) {
+  if (open_.empty() || open_.back()->type() != type || key_)
+    throw std::logic_error(std::string("json: unbalanced end of ") + what);
+  open_.pop_back();
+  return *this;
 }
 
 Json& Json::begin_object() {
-  separate();
-  s_ += "{";
-  first_.push_back(true);
+  open_.push_back(put(ordered_json::object()));
   return *this;
 }
-Json& Json::end_object() {
-  s_ += "}";
-  first_.pop_back();
-  return *this;
-}
+Json& Json::end_object() { return close(ordered_json::value_t::object, "object"); }
 Json& Json::begin_array() {
-  separate();
-  s_ += "[";
-  first_.push_back(true);
+  open_.push_back(put(ordered_json::array()));
   return *this;
 }
-Json& Json::end_array() {
-  s_ += "]";
-  first_.pop_back();
-  return *this;
-}
+Json& Json::end_array() { return close(ordered_json::value_t::array, "array"); }
+
 Json& Json::key(const std::string& k) {
-  separate();
-  s_ += json_escape(k) + ":";
-  after_key_ = true;
+  if (open_.empty() || !open_.back()->is_object() || key_)
+    throw std::logic_error("json: key \"" + k + "\" outside an object");
+  key_ = k;
   return *this;
 }
+
 Json& Json::value(const std::string& v) {
-  separate();
-  s_ += json_escape(v);
+  put(v);
   return *this;
 }
 Json& Json::value(double v) {
-  separate();
-  if (std::isnan(v)) {
-    s_ += "\"NaN\"";
-  } else if (std::isinf(v)) {
-    s_ += v > 0 ? "\"Infinity\"" : "\"-Infinity\"";
-  } else {
-    char buf[40];
-    std::snprintf(buf, sizeof buf, "%.9g", v);
-    s_ += buf;
-  }
+  put(json_number(v));
   return *this;
 }
 Json& Json::value(int64_t v) {
-  separate();
-  s_ += std::to_string(v);
+  put(v);
   return *this;
 }
 Json& Json::value(uint64_t v) {
-  separate();
-  s_ += std::to_string(v);
+  put(v);
   return *this;
 }
 Json& Json::value(bool v) {
-  separate();
-  s_ += v ? "true" : "false";
+  put(v);
   return *this;
 }
 Json& Json::null() {
-  separate();
-  s_ += "null";
+  put(nullptr);
   return *this;
+}
+
+std::string Json::str() const {
+  if (!done_ || !open_.empty()) throw std::logic_error("json: the document is not finished");
+  return doc_.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
 }
 
 }  // namespace moecheck::cli

@@ -1,11 +1,17 @@
-// A small streaming JSON writer for `--json` output (objects, arrays, strings, numbers, bools).
-// Non-finite numbers, which JSON cannot hold, are written as the strings "NaN", "Infinity" and
-// "-Infinity" (docs/cli.md "Machine output").
+// The `--json` output of the command line: one document built on nlohmann::ordered_json (keys
+// stay in the order the commands add them) through the streaming calls the commands use
+// (begin_object / key / value / end_object ...). What is moecheck's own here is the rule for
+// numbers JSON cannot hold: NaN, +inf and -inf are written as the strings "NaN", "Infinity" and
+// "-Infinity" (docs/cli.md "Output"). Misuse (a value without a key inside an object, a
+// duplicate key, an unbalanced end, a second top-level value) throws std::logic_error.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace moecheck::cli {
 
@@ -31,15 +37,22 @@ class Json {
     return value(v);
   }
 
-  const std::string& str() const { return s_; }
+  // The finished document, compact (no spaces), as one line. Bytes that are not UTF-8 (a GGUF
+  // string or a file name) come out as U+FFFD, so the output always parses.
+  std::string str() const;
+  const nlohmann::ordered_json& doc() const { return doc_; }
 
  private:
-  void separate();
-  std::string s_;
-  std::vector<bool> first_;  // per open container: no element written yet
-  bool after_key_ = false;
+  nlohmann::ordered_json* put(nlohmann::ordered_json v);
+  Json& close(nlohmann::ordered_json::value_t type, const char* what);
+
+  nlohmann::ordered_json doc_;
+  std::vector<nlohmann::ordered_json*> open_;  // the containers begun and not yet ended
+  std::optional<std::string> key_;             // a key waiting for its value
+  bool done_ = false;                          // the top-level value is placed
 };
 
-std::string json_escape(const std::string& s);
+// v as JSON: a number, or for a non-finite v the string "NaN", "Infinity" or "-Infinity".
+nlohmann::ordered_json json_number(double v);
 
 }  // namespace moecheck::cli
