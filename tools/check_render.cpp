@@ -118,15 +118,20 @@ void report_json(Json& j, const LegReport& b) {
 void header_text(std::string& o, const CheckResult& r) {
   const MoeConfig& c = r.config;
   char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "moecheck check: model %s\n  dim %lld, inter %lld, %lld experts, top %lld; %lld "
-                "seeded",
-                r.model.c_str(), static_cast<long long>(c.dim), static_cast<long long>(c.inter),
-                static_cast<long long>(c.n_routed), static_cast<long long>(c.topk),
-                static_cast<long long>(r.tokens - r.adversarial_tokens));
+  std::snprintf(
+      buf, sizeof buf,
+      "moecheck check: model %s\n  dim %lld, inter %lld, %lld experts, top %lld; %lld"
+      "%s",
+      r.model.c_str(), static_cast<long long>(c.dim), static_cast<long long>(c.inter),
+      static_cast<long long>(c.n_routed), static_cast<long long>(c.topk),
+      static_cast<long long>(r.tokens - r.adversarial_tokens),
+      r.routing_of == "import" || r.routing_of.rfind("emu, the", 0) == 0 ? "" : " seeded");
   o += buf;
   if (r.adversarial_tokens > 0) o += " + " + std::to_string(r.adversarial_tokens) + " adversarial";
-  o += " token(s) per layer, input seed " + std::to_string(r.input_seed) + "\n";
+  bool imported = false;
+  for (const auto& [name, v] : r.ran) imported = imported || name == "import";
+  o += imported ? " token(s) per layer, the imported input\n"
+                : " token(s) per layer, input seed " + std::to_string(r.input_seed) + "\n";
   if (r.image_tokens > 0)
     o += "  image spans: " + std::to_string(r.image_tokens) +
          " token(s) select their experts with bias_vl (--image-tokens)\n";
