@@ -34,6 +34,7 @@ struct CheckLeg {
   std::vector<LegReport> reports;    // kBounds, kLocal: the verdict, per layer
   std::vector<bool> pass;            // per layer
   std::vector<Stage> first_failing;  // per layer, meaningful where !pass
+  bool routing_judged = true;        // false: topk_ids was not judged (an import without routing)
   bool same() const;
 };
 
@@ -58,6 +59,9 @@ struct CheckResult {
   int64_t image_tokens = 0;  // tokens in image spans (routed with bias_vl), in the first layer
   std::string route;  // the cuda run's route knob ("host" / "device"), "" when cuda did not run
   std::vector<CheckLeg> legs;
+  // Legs or stages that could not run, each "<leg>: <why>" or "<leg> <stage>: <why>" (an
+  // imported dump without taps: compare/import_check.h).
+  std::vector<std::string> legs_not_run;
   std::vector<CheckLayer> layers;
   bool pass = true;
 };

@@ -105,11 +105,13 @@ void put_layer(hid_t layers, const LayerTaps& t, const DumpMeta& m,
   const MoeConfig& c = m.config;
   const int64_t T = m.tokens;
   const std::string where = "/layers/" + std::to_string(t.layer);
+  const bool logits = dump_has_stage(m, Stage::kRouterLogits),
+             routing = dump_has_stage(m, Stage::kTopkIds);
   check_size(t.input.size(), T * c.dim, where + "/input");
   check_size(t.output.size(), T * c.dim, where + "/output");
-  check_size(t.router_logits.size(), T * c.n_routed, where + "/router_logits");
-  check_size(t.topk_ids.size(), T * c.topk, where + "/topk_ids");
-  check_size(t.topk_weights.size(), T * c.topk, where + "/topk_weights");
+  check_size(t.router_logits.size(), logits ? T * c.n_routed : 0, where + "/router_logits");
+  check_size(t.topk_ids.size(), routing ? T * c.topk : 0, where + "/topk_ids");
+  check_size(t.topk_weights.size(), routing ? T * c.topk : 0, where + "/topk_weights");
   h5::Handle g = h5::create_group(layers, std::to_string(t.layer), where);
   h5::write_attr(g.get(), "layer", static_cast<int64_t>(t.layer));
   h5::write_attr(g.get(), "tokens", T);
@@ -119,12 +121,15 @@ void put_layer(hid_t layers, const LayerTaps& t, const DumpMeta& m,
   }
   put_bf16(g.get(), stage_dataset(Stage::kInput), t.input, T, c.dim);
   put_bf16(g.get(), stage_dataset(Stage::kOutput), t.output, T, c.dim);
-  h5::write_dataset(g.get(), stage_dataset(Stage::kRouterLogits), Elem::kF32,
-                    t.router_logits.data(), {T, c.n_routed});
-  h5::write_dataset(g.get(), stage_dataset(Stage::kTopkIds), Elem::kI32, t.topk_ids.data(),
-                    {T, c.topk});
-  h5::write_dataset(g.get(), stage_dataset(Stage::kTopkWeights), Elem::kF32, t.topk_weights.data(),
-                    {T, c.topk});
+  if (logits)
+    h5::write_dataset(g.get(), stage_dataset(Stage::kRouterLogits), Elem::kF32,
+                      t.router_logits.data(), {T, c.n_routed});
+  if (routing) {
+    h5::write_dataset(g.get(), stage_dataset(Stage::kTopkIds), Elem::kI32, t.topk_ids.data(),
+                      {T, c.topk});
+    h5::write_dataset(g.get(), stage_dataset(Stage::kTopkWeights), Elem::kF32,
+                      t.topk_weights.data(), {T, c.topk});
+  }
   if (!t.image_mask.empty()) {  // an input of the routing: stored with or without taps
     check_size(t.image_mask.size(), T, where + "/image_mask");
     for (size_t i = 0; i < t.image_mask.size(); ++i)
@@ -190,6 +195,7 @@ std::vector<uint8_t> dump_image(const Dump& d) {
   h5::write_attr(r, "layers", m.layers);
   h5::write_attr(r, "taps", static_cast<int64_t>(m.taps ? 1 : 0));
   h5::write_attr(r, "routing_weight_at", m.routing_weight_at);
+  if (m.implementation == "import") h5::write_attr(r, "stages", join_stage_list(m.stages));
   h5::Handle layers = h5::create_group(r, "layers", "/layers");
   for (size_t i = 0; i < d.layers.size(); ++i)
     put_layer(layers.get(), d.layers[i], m, d.slices.empty() ? nullptr : &d.slices[i]);
@@ -276,9 +282,12 @@ LayerTaps get_layer(const h5::Reader& rd, hid_t layers, const DumpMeta& m, int32
   require_bf16_attr(rd, g.get(), path, stage_dataset(Stage::kInput));
   t.output = rd.read_dataset<uint16_t>(g.get(), path, stage_dataset(Stage::kOutput), {T, c.dim});
   require_bf16_attr(rd, g.get(), path, stage_dataset(Stage::kOutput));
-  t.router_logits =
-      rd.read_dataset<float>(g.get(), path, stage_dataset(Stage::kRouterLogits), {T, c.n_routed});
-  t.topk_ids = rd.read_dataset<int32_t>(g.get(), path, stage_dataset(Stage::kTopkIds), {T, c.topk});
+  if (dump_has_stage(m, Stage::kRouterLogits))
+    t.router_logits =
+        rd.read_dataset<float>(g.get(), path, stage_dataset(Stage::kRouterLogits), {T, c.n_routed});
+  if (dump_has_stage(m, Stage::kTopkIds))
+    t.topk_ids =
+        rd.read_dataset<int32_t>(g.get(), path, stage_dataset(Stage::kTopkIds), {T, c.topk});
   for (size_t i = 0; i < t.topk_ids.size(); ++i) {
     const int32_t id = t.topk_ids[i];
     if (id < 0 || id >= c.n_routed)
@@ -286,8 +295,9 @@ LayerTaps get_layer(const h5::Reader& rd, hid_t layers, const DumpMeta& m, int32
                                       ": expert id " + std::to_string(id) + " outside [0, " +
                                       std::to_string(c.n_routed) + ")");
   }
-  t.topk_weights =
-      rd.read_dataset<float>(g.get(), path, stage_dataset(Stage::kTopkWeights), {T, c.topk});
+  if (dump_has_stage(m, Stage::kTopkWeights))
+    t.topk_weights =
+        rd.read_dataset<float>(g.get(), path, stage_dataset(Stage::kTopkWeights), {T, c.topk});
   if (rd.has_object(g.get(), "image_mask")) t.image_mask = get_image_mask(rd, g.get(), path, m);
   if (!m.taps) return t;
   if (rd.has_object(g.get(), stage_dataset(Stage::kXQ8))) {
@@ -363,9 +373,12 @@ DumpMeta get_meta(const h5::Reader& rd) {
   m.tool_version = rd.attr_str(r, p, "tool_version");
   m.git_commit = rd.attr_str(r, p, "git_commit");
   m.implementation = rd.attr_str(r, p, "implementation");
-  if (m.implementation != "ref" && m.implementation != "emu" && m.implementation != "cuda")
-    rd.fail(p, "attribute implementation: expected \"ref\", \"emu\" or \"cuda\", found \"" +
-                   m.implementation + "\"");
+  if (m.implementation != "ref" && m.implementation != "emu" && m.implementation != "cuda" &&
+      m.implementation != "import")
+    rd.fail(p,
+            "attribute implementation: expected \"ref\", \"emu\", \"cuda\" or \"import\", "
+            "found \"" +
+                m.implementation + "\"");
   m.variant = rd.attr_str(r, p, "variant");
   m.device = rd.attr_str(r, p, "device");
   m.model_file = rd.attr_str(r, p, "model_file");
@@ -403,6 +416,11 @@ DumpMeta get_meta(const h5::Reader& rd) {
   if (m.routing_weight_at != "h" && m.routing_weight_at != "accumulate")
     rd.fail(p, "attribute routing_weight_at: expected \"h\" or \"accumulate\", found \"" +
                    m.routing_weight_at + "\"");
+  if (m.implementation == "import") try {
+      m.stages = parse_stage_list(rd.attr_str(r, p, "stages"), m.taps);
+    } catch (const InputError& e) {
+      rd.fail(p, std::string("attribute stages: ") + e.what());
+    }
   for (const std::string& name : rd.attr_names(r, p))
     if (name.rfind("knob.", 0) == 0) m.knobs.emplace_back(name.substr(5), rd.attr_str(r, p, name));
   return m;

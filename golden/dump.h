@@ -34,7 +34,7 @@ struct DumpMeta {
   std::string integrity;
   std::string tool_version;    // MOECHECK_VERSION
   std::string git_commit;      // configure-time `git describe`, "unknown" outside a checkout
-  std::string implementation;  // "ref" | "emu" | "cuda"
+  std::string implementation;  // "ref" | "emu" | "cuda" | "import" (moecheck import)
   std::string variant;         // one line, e.g. "router=staged warps=8 shared_side=on"
   // Every knob of the implementation, written as root attributes "knob.<name>" (strings).
   std::vector<std::pair<std::string, std::string>> knobs;
@@ -58,7 +58,20 @@ struct DumpMeta {
   // deepseek41 conventions): layer -> (routed, shared). Attributes config.swiglu_limit and
   // config.swiglu_limit_shared of the layer's group; empty when config holds every layer's.
   std::map<int32_t, std::pair<float, float>> layer_clamps;
+  // implementation "import" only (root attribute `stages`, comma-separated): the layer stages
+  // the engine's files gave, in pipeline order. input and output always; router_logits,
+  // topk_ids + topk_weights (together) when given; the tap stages when taps. The layer datasets
+  // not listed are absent (their vectors empty). docs/golden-format.md "Imported dumps".
+  std::vector<std::string> stages;
 };
+
+// Whether the dump holds the stage (every stage, except in an imported dump: its `stages`).
+bool dump_has_stage(const DumpMeta& m, Stage s);
+// `stages` as written ("input,router_logits,output") and read back: known stage names, input and
+// output among them, topk_ids with topk_weights, acc (the tap stages) exactly when taps.
+// InputError (the bare reason) otherwise.
+std::string join_stage_list(const std::vector<std::string>& v);
+std::vector<std::string> parse_stage_list(const std::string& v, bool taps);
 
 struct Dump {
   std::string path;  // where it was read from (messages)

@@ -66,7 +66,7 @@ std::string report_cell(const LegReport& b, Stage stage) {
 // ref~emu verdict cell: the input's bits, else the bounds leg's report.
 std::string bound_cell(const StageDiff* info, const LegReport& b, Stage stage) {
   if (stage == Stage::kInput || stage == Stage::kSharedWeights) {
-    if (info == nullptr) return "-";
+    if (info == nullptr || !info->status.empty()) return "-";
     return info->pass ? "ok   same bits" : "FAIL " + std::to_string(info->out_of_tol) + " differ";
   }
   return report_cell(b, stage);
@@ -118,15 +118,20 @@ void report_json(Json& j, const LegReport& b) {
 void header_text(std::string& o, const CheckResult& r) {
   const MoeConfig& c = r.config;
   char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "moecheck check: model %s\n  dim %lld, inter %lld, %lld experts, top %lld; %lld "
-                "seeded",
-                r.model.c_str(), static_cast<long long>(c.dim), static_cast<long long>(c.inter),
-                static_cast<long long>(c.n_routed), static_cast<long long>(c.topk),
-                static_cast<long long>(r.tokens - r.adversarial_tokens));
+  std::snprintf(
+      buf, sizeof buf,
+      "moecheck check: model %s\n  dim %lld, inter %lld, %lld experts, top %lld; %lld"
+      "%s",
+      r.model.c_str(), static_cast<long long>(c.dim), static_cast<long long>(c.inter),
+      static_cast<long long>(c.n_routed), static_cast<long long>(c.topk),
+      static_cast<long long>(r.tokens - r.adversarial_tokens),
+      r.routing_of == "import" || r.routing_of.rfind("emu, the", 0) == 0 ? "" : " seeded");
   o += buf;
   if (r.adversarial_tokens > 0) o += " + " + std::to_string(r.adversarial_tokens) + " adversarial";
-  o += " token(s) per layer, input seed " + std::to_string(r.input_seed) + "\n";
+  bool imported = false;
+  for (const auto& [name, v] : r.ran) imported = imported || name == "import";
+  o += imported ? " token(s) per layer, the imported input\n"
+                : " token(s) per layer, input seed " + std::to_string(r.input_seed) + "\n";
   if (r.image_tokens > 0)
     o += "  image spans: " + std::to_string(r.image_tokens) +
          " token(s) select their experts with bias_vl (--image-tokens)\n";
@@ -148,6 +153,7 @@ void header_text(std::string& o, const CheckResult& r) {
        "        local: every stage recomputed from the implementation's own inputs of that stage,\n"
        "          worst |diff| / its own rounding bound (docs/numerics.md \"Stage-local legs\");\n"
        "        emu=cuda: bit for bit\n";
+  for (const std::string& l : r.legs_not_run) o += "  not run: " + l + "\n";
 }
 
 // The stages a layer's table lists: those of the first dump comparison, else of the first report.
@@ -184,6 +190,10 @@ void table_text(std::string& o, const CheckResult& r, size_t li, bool cuda_idle)
     for (const CheckLeg& l : r.legs) {
       if (l.kind == LegKind::kStat && st == Stage::kTopkIds) {  // routing is not a noise question
         o += pad("-", 26);
+        continue;
+      }
+      if (!l.routing_judged && st == Stage::kTopkIds) {  // an import without routing
+        o += pad("-   (not imported)", 28) + pad("not imported", 14);
         continue;
       }
       if (l.kind == LegKind::kLocal || l.kind == LegKind::kStat) {
@@ -281,7 +291,9 @@ std::string render_check_json(const CheckResult& r) {
   for (const auto& [name, v] : r.ran) j.kv(name, v);
   j.end_object().key("not_run").begin_object();
   for (const auto& [name, why] : r.not_run) j.kv(name, why);
-  j.end_object().key("legs").begin_array();
+  j.end_object().key("legs_not_run").begin_array();
+  for (const std::string& l : r.legs_not_run) j.value(l);
+  j.end_array().key("legs").begin_array();
   for (const CheckLeg& l : r.legs) {
     j.begin_object().kv("leg", l.name).kv("pass", l.same()).key("first_failing").begin_array();
     for (size_t li = 0; li < l.pass.size(); ++li)

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "compare/check.h"
+#include "compare/import_check.h"
 #include "core/error.h"
 #include "golden/adversarial.h"
 #include "golden/generator.h"
@@ -35,6 +36,7 @@ struct CheckArgs {
   std::string route = "host";
   bool route_given = false;
   bool precision_given = false;
+  std::string against;  // an imported dump (moecheck import) to judge
 };
 
 // The implementations asked for, in the order they run.
@@ -144,6 +146,33 @@ void require_check_memory(const CheckArgs& a, const MoeConfig& c, int64_t n_laye
   require_memory("--tokens", std::to_string(a.tokens), need);
 }
 
+// --against FILE: the reference (model precision, for NMSE), the kernel contract's emulation
+// (the statistical leg's noise where the import has no taps) and the legs on the import's input.
+int run_against(const CheckArgs& a, const std::string& model_path, const std::string& note) {
+  const Dump im = read_dump(a.against);
+  const LoadedModel m = load_model(model_path, a.hash_file);
+  if (im.meta.config != m.file.config())
+    throw InputError("--against " + a.against + ": its config differs from the model " + note);
+  RunSpec spec;
+  spec.taps = true;
+  spec.input.dump_path = a.against;
+  spec.layers.assign(im.meta.layers.begin(), im.meta.layers.end());
+  spec.impl = Impl::kRef;
+  Dump ref = run_layers(m, spec, nullptr);
+  spec.impl = Impl::kEmu;
+  Dump emu = run_layers(m, spec, nullptr);
+  ImportCheckInputs in;
+  in.imported = &im, in.contract = &emu, in.ref = &ref;
+  in.layer = [&m](int L) { return m.file.layer(L); };
+  in.router = spec.knobs.router;
+  CheckResult r = judge_import(in);
+  r.model = note;
+  r.input_seed = im.meta.input_seed;
+  std::printf("%s%s", a.json ? render_check_json(r).c_str() : render_check_text(r).c_str(),
+              a.json ? "\n" : "");
+  return r.pass ? kExitSame : kExitDiffers;
+}
+
 int run_check(const CheckArgs& a, bool impls_given) {
   refuse_foreign_precision(a);
   const std::vector<std::string> kept = {"ref.h5", "emu.h5", "cuda.h5"};
@@ -161,6 +190,7 @@ int run_check(const CheckArgs& a, bool impls_given) {
     model_note = "embedded default (preset " + o.preset + ", " + std::to_string(o.n_layers) +
                  " layers, seed " + std::to_string(o.seed) + ")";
   }
+  if (!a.against.empty()) return run_against(a, model_path, model_note);
   const LoadedModel m = load_model(model_path, a.hash_file);
   if (!a.model.empty()) require_check_memory(a, m.file.config(), m.file.n_layers());
   CheckInputs in;
@@ -244,6 +274,10 @@ void add_check(CLI::App& app, int& rc) {
   s->add_flag("--hash-file", a->hash_file,
               "also record the whole model file's SHA-256 in the dumps (reads the whole file)");
   s->add_flag("--json", a->json, "machine-readable output");
+  CLI::Option* against =
+      s->add_option("--against", a->against,
+                    "judge an imported dump (moecheck import) against the reference on its input");
+  against->excludes(impls)->excludes(route);
   s->callback([a, impls, route, precision, &rc] {
     a->route_given = route->count() > 0;
     a->precision_given = precision->count() > 0;

@@ -28,6 +28,8 @@ void add_check(CLI::App& app, int& rc);
 void add_golden(CLI::App& app, int& rc);
 void add_inspect(CLI::App& app, int& rc);
 void add_sensitivity(CLI::App& app, int& rc);
+void add_import(CLI::App& app, int& rc);
+void add_export(CLI::App& app, int& rc);
 
 // --image-tokens' value must name some token (an empty list would silently mean "no mask").
 inline CLI::Validator image_tokens_validator() {

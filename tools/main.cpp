@@ -112,6 +112,8 @@ int main(int argc, char** argv) {
   add_golden(app, rc);
   add_inspect(app, rc);
   add_sensitivity(app, rc);
+  add_import(app, rc);
+  add_export(app, rc);
   const bool json = wants_json(argc, argv);
   std::string unknown;
   const std::string command = command_path(app, argc, argv, &unknown);

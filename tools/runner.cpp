@@ -182,8 +182,6 @@ std::vector<uint16_t> forward_one(const RunSpec& spec, const LayerWeights& w,
   throw InputError(why);
 }
 
-namespace {
-
 DumpMeta make_meta(const LoadedModel& m, const RunSpec& spec) {
   DumpMeta meta;
   meta.tool_version = MOECHECK_VERSION;
@@ -230,8 +228,6 @@ DumpMeta make_meta(const LoadedModel& m, const RunSpec& spec) {
   meta.routing_weight_at = spec.impl == Impl::kRef ? "h" : "accumulate";
   return meta;
 }
-
-}  // namespace
 
 std::vector<uint16_t> seeded_layer_input(const RunSpec& spec, const LayerWeights& w, int L) {
   std::vector<uint16_t> x =

@@ -89,6 +89,9 @@ void require_bias_vl(const LayerWeights& w, const std::string& model, const std:
 
 Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress);
 
+// The root attributes a run of spec.impl on m records (tokens and input_source are the caller's).
+DumpMeta make_meta(const LoadedModel& m, const RunSpec& spec);
+
 // One layer forward of spec.impl (with spec.knobs) on weights w and input x [T, dim] with the
 // image mask [T] (nullable), every stage in `taps` when given; returns the bf16 output.
 // InputError when the implementation cannot run.
