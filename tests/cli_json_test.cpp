@@ -46,8 +46,11 @@ TEST_F(CliJson, InspectModelHoldsTheFilesValues) {
   const std::string cmd = "inspect " + p("tiny.gguf") + " --json";
   const ordered_json j = run_json(cmd);
   ASSERT_TRUE(j.is_object()) << "repro: moecheck " << cmd;
-  const std::vector<std::string> top = {"file",     "kind",    "version", "alignment", "file_size",
-                                        "metadata", "tensors", "layers",  "config",    "generator"};
+  const std::vector<std::string> top = {
+      "file",        "kind",        "version",    "alignment",        "file_size",
+      "metadata",    "tensors",     "layers",     "config",           "convention",
+      "router_type", "hash_layers", "mtp_layers", "swiglu_clamp_exp", "swiglu_clamp_shexp",
+      "defaulted",   "generator"};
   EXPECT_EQ(keys_of(j), top) << "repro: moecheck " << cmd;
   EXPECT_EQ(j["kind"], "gguf");
   EXPECT_EQ(j["version"].get<int64_t>(), 3);
@@ -71,6 +74,12 @@ TEST_F(CliJson, InspectModelHoldsTheFilesValues) {
   EXPECT_TRUE(seen_down) << "repro: moecheck " << cmd;
   EXPECT_EQ(j["config"]["topk"].get<int64_t>(), 4);
   EXPECT_EQ(j["config"]["swiglu_limit"].get<double>(), 10.0);
+  // moecheck's own convention: one clamp for every layer, nothing defaulted (gen writes gate_temp).
+  EXPECT_EQ(j["convention"], "deepseek2");
+  EXPECT_EQ(j["router_type"], "BF16");
+  EXPECT_EQ(j["hash_layers"].get<int64_t>(), 0);
+  EXPECT_TRUE(j["swiglu_clamp_exp"].empty());
+  EXPECT_TRUE(j["defaulted"].empty()) << "repro: moecheck " << cmd;
 }
 
 // Metadata floats JSON cannot hold are the strings of docs/cli.md; a finite float32 is its exact
