@@ -26,8 +26,8 @@ class CliImport : public CliFixture {
  protected:
   // Runs emu with taps on `model` and exports layer 0 to <stem>.npz.
   static void emu_npz(const std::string& model, const std::string& stem) {
-    const CliResult r =
-        run("run --impl emu --model " + model + " --layers 0 --taps --adversarial -o " + p(stem + ".h5"));
+    const CliResult r = run("run --impl emu --model " + model +
+                            " --layers 0 --taps --adversarial -o " + p(stem + ".h5"));
     ASSERT_EQ(r.code, 0) << r.cmd << r.err;
     const CliResult e = run("export " + p(stem + ".h5") + " -o " + p(stem + ".npz"));
     ASSERT_EQ(e.code, 0) << e.cmd << e.err;
@@ -54,6 +54,10 @@ TEST_F(CliImport, OutputOnlyNpyPassesAndListsTheLegsNotRun) {
   const Dump d = read_dump(p("imp1.h5"));
   EXPECT_EQ(d.meta.implementation, "import");
   EXPECT_EQ(d.meta.stages, (std::vector<std::string>{"input", "output"}));
+  // diff needs the routing on both sides: an output-only import is sent to check --against.
+  const CliResult nd = run("diff " + p("imp1.h5") + " " + p("imp1.h5"));
+  EXPECT_EXIT_CODE(nd, 2);
+  EXPECT_CONTAINS(nd.err, "diff needs router_logits, topk_ids and topk_weights", nd);
   const CliResult c = run("check --model " + p("tiny.gguf") + " --against " + p("imp1.h5"));
   EXPECT_EXIT_CODE(c, 0);
   EXPECT_CONTAINS(c.out, "ref~import stat: agree", c);
@@ -94,6 +98,9 @@ TEST_F(CliImport, EveryStagePassesAndTheForkClampFailsAtExpertsH) {
   const CliResult c = run("check --model " + p("tiny.gguf") + " --against " + p("full.h5"));
   EXPECT_EXIT_CODE(c, 0);
   EXPECT_CONTAINS(c.out, "import local: agree", c);
+  // Every stage imported: diff aligns it with the dump it came from, bit for bit.
+  const CliResult d = run("diff " + p("e2.h5") + " " + p("full.h5"));
+  EXPECT_EXIT_CODE(d, 0);
   auto t = read_tensor_file(p("e2.npz"), U16As::kBF16);
   const int64_t changed = perturb_h(t, 10.0f);
   ASSERT_GT(changed, 0) << "no gate above L: the adversarial clamp token did not reach it";
@@ -205,6 +212,14 @@ TEST_F(CliImport, BadInputIsExit2AndWritesNothing) {
   const CliResult notimp = run("check --model " + p("tiny.gguf") + " --against " + p("e4.h5"));
   EXPECT_EXIT_CODE(notimp, 2);
   EXPECT_CONTAINS(notimp.err, "--against takes a dump written by moecheck import", notimp);
+  // The import fixes layer, tokens, input and mask: options that would be ignored are refused.
+  for (const char* opt : {"--tokens 4", "--layers 1", "--input-seed 3", "--precision exact",
+                          "--adversarial off", "--image-tokens 1", "--route device"}) {
+    const CliResult r =
+        run("check --model " + p("tiny.gguf") + " --against " + p("e4.h5") + " " + opt);
+    EXPECT_EXIT_CODE(r, 2);
+    EXPECT_CONTAINS(r.err, "excludes --against", r);
+  }
 }
 
 }  // namespace

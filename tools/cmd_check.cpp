@@ -241,32 +241,35 @@ void add_check(CLI::App& app, int& rc) {
                 "model GGUF file (default: the embedded tiny model, generated on the fly)");
   CLI::Option* impls = s->add_option("--impls", a->impls, "implementations to run, e.g. ref,emu")
                            ->capture_default_str();
-  s->add_option("--tokens", a->tokens, "tokens per layer")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  s->add_option("--layers", a->layers, "layers, e.g. 0,2-5 (default: all)");
-  s->add_option("--input-seed", a->input_seed, "seed of the generated inputs")
-      ->check(kNonNegative)
-      ->capture_default_str();
+  CLI::Option* tokens = s->add_option("--tokens", a->tokens, "tokens per layer")
+                            ->capture_default_str()
+                            ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  CLI::Option* layers = s->add_option("--layers", a->layers, "layers, e.g. 0,2-5 (default: all)");
+  CLI::Option* seed = s->add_option("--input-seed", a->input_seed, "seed of the generated inputs")
+                          ->check(kNonNegative)
+                          ->capture_default_str();
   CLI::Option* precision =
       s->add_option(
            "--precision", a->precision,
            "precision of the reference run whose NMSE is shown (the verdict always uses Exact)")
           ->check(CLI::IsMember({"model", "exact"}))
           ->capture_default_str();
-  s->add_option("--keep", a->keep,
-                "write each implementation's dump (with taps) into this directory");
-  s->add_option(
-       "--adversarial", a->adversarial,
-       "append the layer's adversarial tokens (clamps, zero / exact tie, near tie, +1e-20) to "
-       "the --tokens seeded ones")
-      ->check(CLI::IsMember({"on", "off"}))
-      ->capture_default_str();
-  s->add_option("--image-tokens", a->image_tokens,
-                "tokens inside image spans, e.g. 3-17,40-60 (indices into each layer's tokens, "
-                "adversarial ones included): every implementation routes them with bias_vl (the "
-                "model must have blk.N.exp_probs_b_vl.bias)")
-      ->check(image_tokens_validator());
+  CLI::Option* keep = s->add_option(
+      "--keep", a->keep, "write each implementation's dump (with taps) into this directory");
+  CLI::Option* adversarial =
+      s->add_option(
+           "--adversarial", a->adversarial,
+           "append the layer's adversarial tokens (clamps, zero / exact tie, near tie, +1e-20) to "
+           "the --tokens seeded ones")
+          ->check(CLI::IsMember({"on", "off"}))
+          ->capture_default_str();
+  CLI::Option* image =
+      s->add_option(
+           "--image-tokens", a->image_tokens,
+           "tokens inside image spans, e.g. 3-17,40-60 (indices into each layer's tokens, "
+           "adversarial ones included): every implementation routes them with bias_vl (the "
+           "model must have blk.N.exp_probs_b_vl.bias)")
+          ->check(image_tokens_validator());
   CLI::Option* route =
       s->add_option("--route", a->route,
                     "cuda: where the top-k selection runs, host | device (cuda must run)")
@@ -277,7 +280,9 @@ void add_check(CLI::App& app, int& rc) {
   CLI::Option* against =
       s->add_option("--against", a->against,
                     "judge an imported dump (moecheck import) against the reference on its input");
-  against->excludes(impls)->excludes(route);
+  // The import fixes the layer, tokens, input and mask; these would be silently ignored.
+  for (CLI::Option* o : {impls, route, tokens, layers, seed, precision, keep, adversarial, image})
+    against->excludes(o);
   s->callback([a, impls, route, precision, &rc] {
     a->route_given = route->count() > 0;
     a->precision_given = precision->count() > 0;

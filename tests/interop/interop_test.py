@@ -16,10 +16,11 @@ docs/building.md "The interop test"). Four checks:
                                   SHA-256 of every slice read), the run's report (output norms)
                                   and each other (q8_1 against the input, output = bf16(acc),
                                   expert groups against the picks)
-  moecheck_runs_gguf_py_deepseek4 a deepseek4-convention model written by GGUFWriter (F16 router,
-                                  per-layer clamps, a hash-routed layer; tests/interop/
-                                  conventions.py) inspected, run and checked, the hash layer
-                                  refused by name, router logits and every h recomputed
+  moecheck_runs_gguf_py_conventions  deepseek4 and deepseek41 models written by GGUFWriter (F16
+                                  router, per-layer clamps, a hash-routed layer / bias_vl;
+                                  tests/interop/conventions.py) inspected, run and checked, the
+                                  hash layer refused by name, router logits and every h
+                                  recomputed
 
 usage: interop_test.py --moecheck BIN --probe BIN --work DIR
 Runs from the virtual environment that `bash .ci/deps` creates (/opt/moecheck-venv); a missing
@@ -67,7 +68,7 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
 import formats as F  # noqa: E402
-from conventions import test_moecheck_runs_gguf_py_deepseek4  # noqa: E402
+from conventions import test_moecheck_runs_gguf_py_conventions  # noqa: E402
 from checks import (attr, check, check_close, check_routing, dataset, field_value,  # noqa: E402
                     weights)
 
@@ -456,7 +457,7 @@ def test_h5py_reads_moecheck_dumps(ctx):
 
 
 TESTS = [test_gguf_py_reads_moecheck_models, test_moecheck_runs_gguf_py_models,
-         test_h5py_reads_moecheck_dumps, test_moecheck_runs_gguf_py_deepseek4]
+         test_h5py_reads_moecheck_dumps, test_moecheck_runs_gguf_py_conventions]
 
 
 def main():
