@@ -3,6 +3,7 @@
 // malformed field an InputError naming the file, the member or tensor and the field, and every
 // truncation of a valid file refused (never a crash).
 #include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
 #include <zlib.h>
 
 #include <cstring>
@@ -292,6 +293,43 @@ TEST(TensorFile, EveryTruncationAndByteFlipIsAnInputError) {
       }
     }
     ++k;
+  }
+}
+
+// Any dtype, rank 0..4 and shape, any bytes (NaN payloads included): make_npy then parse_npy, and
+// a stored .npz of several such members then parse_npz, give the same dtype, shape and bytes.
+RC_GTEST_PROP(TensorFileProperty, NpyAndNpzRoundTripAnyDtypeAndShape, ()) {
+  const std::vector<TensorDtype> dtypes = {TensorDtype::kF32, TensorDtype::kF16,
+                                           TensorDtype::kI32, TensorDtype::kI64,
+                                           TensorDtype::kU8,  TensorDtype::kBF16};
+  std::map<std::string, std::vector<uint8_t>> members;
+  std::map<std::string, HostTensor> want;
+  const int n_members = *rc::gen::inRange(1, 4);
+  for (int m = 0; m < n_members; ++m) {
+    HostTensor t;
+    t.dtype = *rc::gen::elementOf(dtypes);
+    t.shape = *rc::gen::container<std::vector<int64_t>>(*rc::gen::inRange(0, 5),
+                                                        rc::gen::inRange<int64_t>(0, 5));
+    t.bytes = *rc::gen::container<std::vector<uint8_t>>(
+        static_cast<size_t>(t.numel()) * tensor_dtype_size(t.dtype), rc::gen::arbitrary<uint8_t>());
+    const std::vector<uint8_t> b = make_npy(t);
+    const U16As u16 = t.dtype == TensorDtype::kBF16 ? U16As::kBF16 : U16As::kRefuse;
+    const HostTensor r = parse_npy(b.data(), b.size(), "p.npy", u16);
+    RC_ASSERT(r.dtype == t.dtype);
+    RC_ASSERT(r.shape == t.shape);
+    RC_ASSERT(r.bytes == t.bytes);
+    const std::string name = "m" + std::to_string(m);
+    members[name] = b;  // make_npz_stored names the member name + ".npy"
+    want[name] = t;
+  }
+  const std::vector<uint8_t> z = make_npz_stored(members);
+  const std::map<std::string, HostTensor> got =
+      parse_npz(z.data(), z.size(), "p.npz", U16As::kBF16);
+  RC_ASSERT(got.size() == want.size());
+  for (const auto& [name, t] : want) {
+    RC_ASSERT(got.count(name) == 1u);
+    RC_ASSERT(got.at(name).shape == t.shape);
+    RC_ASSERT(got.at(name).bytes == t.bytes);
   }
 }
 
