@@ -89,6 +89,57 @@ int64_t perturb_h(std::map<std::string, HostTensor>& t, float L) {
   return changed;
 }
 
+// A dim-major engine's safetensors file: the input as BF16 and the output as F32, both [dim, T],
+// imported with --transpose; the imported output is the exported one bit for bit and passes.
+TEST_F(CliImport, SafetensorsTransposedBf16InputF32OutputPasses) {
+  ASSERT_NO_FATAL_FAILURE(emu_npz(p("tiny.gguf"), "e3"));
+  auto t = read_tensor_file(p("e3.npz"), U16As::kBF16);
+  const HostTensor &x = t.at("input"), &y = t.at("output");
+  ASSERT_EQ(x.dtype, TensorDtype::kBF16);
+  const int64_t T = x.shape[0], dim = x.shape[1];
+  const std::vector<uint16_t> xb = tensor_to_bf16(x), yb = tensor_to_bf16(y);
+  std::vector<uint8_t> data;
+  for (int64_t c = 0; c < dim; ++c)  // input^T, bf16
+    for (int64_t r = 0; r < T; ++r) {
+      const uint16_t v = xb[r * dim + c];
+      data.push_back(static_cast<uint8_t>(v)), data.push_back(static_cast<uint8_t>(v >> 8));
+    }
+  const size_t x_end = data.size();
+  for (int64_t c = 0; c < dim; ++c)  // output^T, f32
+    for (int64_t r = 0; r < T; ++r) {
+      const uint32_t v = f32_bits(bf16_to_f32(yb[r * dim + c]));
+      for (int k = 0; k < 4; ++k) data.push_back(static_cast<uint8_t>(v >> (8 * k)));
+    }
+  const std::string shape = "[" + std::to_string(dim) + "," + std::to_string(T) + "]";
+  std::string h = "{\"hidden_in\":{\"dtype\":\"BF16\",\"shape\":" + shape +
+                  ",\"data_offsets\":[0," + std::to_string(x_end) +
+                  "]},\"layer_out\":{\"dtype\":\"F32\",\"shape\":" + shape + ",\"data_offsets\":[" +
+                  std::to_string(x_end) + "," + std::to_string(data.size()) + "]}}";
+  std::string file(8, '\0');
+  for (int k = 0; k < 8; ++k) file[k] = static_cast<char>(h.size() >> (8 * k));
+  file += h;
+  file.append(reinterpret_cast<const char*>(data.data()), data.size());
+  std::ofstream(p("e3.safetensors"), std::ios::binary) << file;
+  const CliResult im = run("import --model " + p("tiny.gguf") + " --layer 0 --transpose --input " +
+                           p("e3.safetensors") + ":hidden_in --map output=" + p("e3.safetensors") +
+                           ":layer_out -o " + p("st.h5"));
+  EXPECT_EXIT_CODE(im, 0);
+  const Dump d = read_dump(p("st.h5"));
+  ASSERT_EQ(d.layers.size(), 1u);
+  EXPECT_EQ(d.layers[0].input, xb) << "repro: " << im.cmd;
+  EXPECT_EQ(d.layers[0].output, yb) << "repro: " << im.cmd;
+  const CliResult c = run("check --model " + p("tiny.gguf") + " --against " + p("st.h5"));
+  EXPECT_EXIT_CODE(c, 0);
+  EXPECT_CONTAINS(c.out, "result: PASS", c);
+  // Without --transpose the [dim, T] tensors do not fit the model's [T, dim]: refused by name.
+  const CliResult no =
+      run("import --model " + p("tiny.gguf") + " --layer 0 --input " + p("e3.safetensors") +
+          ":hidden_in --map output=" + p("e3.safetensors") + ":layer_out -o " + p("st2.h5"));
+  EXPECT_EXIT_CODE(no, 2);
+  EXPECT_CONTAINS(no.err, "hidden_in", no);
+  EXPECT_FALSE(fs::exists(p("st2.h5"))) << no.cmd;
+}
+
 TEST_F(CliImport, EveryStagePassesAndTheForkClampFailsAtExpertsH) {
   ASSERT_NO_FATAL_FAILURE(emu_npz(p("tiny.gguf"), "e2"));
   const std::string base = "import --model " + p("tiny.gguf") + " --dtype bf16 --input " +
