@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "golden/atomic_file.h"
 #include "golden/dump_hdf5.h"
+#include "golden/dump_slices.h"
 #include "golden/probe.h"
 #include "golden/sha256.h"
 
@@ -68,38 +69,6 @@ void put_expert(hid_t parent, const std::string& name, const ExpertTaps& e, cons
   f32(stage_dataset(Stage::kExpertsDown), e.down, c.dim);
 }
 
-// /layers/<L>/tensors: which tensors and expert slices the forward read, and their SHA-256.
-void put_slices(hid_t layer_group, const std::vector<SliceHash>& slices, const std::string& where) {
-  h5::Handle g = h5::create_group(layer_group, "tensors", where + "/tensors");
-  const int64_t n = static_cast<int64_t>(slices.size());
-  std::vector<int32_t> tensor, expert;
-  std::vector<uint8_t> digest;
-  for (const SliceHash& h : slices) {
-    tensor.push_back(tensor_code(h.tensor));
-    expert.push_back(h.expert);
-    std::array<uint8_t, 32> d{};
-    if (!from_hex(h.sha256, d))
-      throw InputError("dump " + where + ": slice digest \"" + h.sha256 +
-                       "\" is not 64 hex digits");
-    digest.insert(digest.end(), d.begin(), d.end());
-  }
-  std::string names;
-  auto name_codes = [&names](const auto& list) {
-    for (LayerTensor t : list) {
-      if (!names.empty()) names += ',';
-      names += std::to_string(tensor_code(t));
-      names += '=';
-      names += tensor_name(0, t).substr(6);  // without "blk.0."
-    }
-  };
-  name_codes(kLayerTensors);
-  name_codes(kOptionalLayerTensors);
-  h5::write_attr(g.get(), "tensor_codes", names);
-  h5::write_dataset(g.get(), "tensor", Elem::kI32, tensor.data(), {n});
-  h5::write_dataset(g.get(), "expert", Elem::kI32, expert.data(), {n});
-  h5::write_dataset(g.get(), "sha256", Elem::kU8, digest.data(), {n, 32});
-}
-
 void put_layer(hid_t layers, const LayerTaps& t, const DumpMeta& m,
                const std::vector<SliceHash>* slices) {
   const MoeConfig& c = m.config;
@@ -138,7 +107,7 @@ void put_layer(hid_t layers, const LayerTaps& t, const DumpMeta& m,
                          ": expected 0 or 1, found " + std::to_string(t.image_mask[i]));
     h5::write_dataset(g.get(), "image_mask", Elem::kU8, t.image_mask.data(), {T});
   }
-  if (slices != nullptr && !slices->empty()) put_slices(g.get(), *slices, where);
+  if (slices != nullptr && !slices->empty()) dump_detail::put_slices(g.get(), *slices, where);
   if (!m.taps) return;
   if (!t.x_q8.empty()) {
     check_size(t.x_q8.size(), T * c.dim / kQK8_1, where + "/x_q8");
@@ -331,36 +300,6 @@ LayerTaps get_layer(const h5::Reader& rd, hid_t layers, const DumpMeta& m, int32
   return t;
 }
 
-// The layer's provenance, or nothing when the dump records none (version 1, or tensors built
-// elsewhere).
-std::vector<SliceHash> get_slices(const h5::Reader& rd, hid_t layers, int32_t L) {
-  const std::string lp = "/layers/" + std::to_string(L), path = lp + "/tensors";
-  h5::Handle lg = rd.open_group(layers, "/layers", std::to_string(L));
-  if (!rd.has_object(lg.get(), "tensors")) return {};
-  h5::Handle g = rd.open_group(lg.get(), lp, "tensors");
-  std::vector<int64_t> dims;
-  const auto tensor = rd.read_dataset<int32_t>(g.get(), path, "tensor", {-1}, &dims);
-  const int64_t n = dims[0];
-  const auto expert = rd.read_dataset<int32_t>(g.get(), path, "expert", {n});
-  const auto digest = rd.read_dataset<uint8_t>(g.get(), path, "sha256", {n, 32});
-  std::vector<SliceHash> out;
-  for (int64_t i = 0; i < n; ++i) {
-    SliceHash h;
-    if (!tensor_from_code(tensor[i], &h.tensor))
-      rd.fail(path + "/tensor", "element " + std::to_string(i) + ": unknown tensor code " +
-                                    std::to_string(tensor[i]));
-    h.expert = expert[i];
-    if (h.expert < -1)
-      rd.fail(path + "/expert",
-              "element " + std::to_string(i) + ": expert " + std::to_string(h.expert));
-    std::array<uint8_t, 32> d{};
-    std::copy(digest.begin() + i * 32, digest.begin() + (i + 1) * 32, d.begin());
-    h.sha256 = to_hex(d);
-    out.push_back(std::move(h));
-  }
-  return out;
-}
-
 DumpMeta get_meta(const h5::Reader& rd) {
   const hid_t r = rd.root();
   const std::string p = "/";
@@ -497,7 +436,7 @@ Dump read_dump_unguarded(const std::string& path) {
   for (int32_t L : d.meta.layers) {
     d.layers.push_back(get_layer(rd, layers.get(), d.meta, L));
     read_layer_clamps(rd, layers.get(), L, d.meta);
-    d.slices.push_back(get_slices(rd, layers.get(), L));
+    d.slices.push_back(dump_detail::get_slices(rd, layers.get(), L));
     any_slices = any_slices || !d.slices.back().empty();
   }
   if (!any_slices) d.slices.clear();
