@@ -16,12 +16,11 @@
 
 namespace moecheck {
 
-namespace {
-
 using gguf::Value;
 using gguf::ValueType;
 
-const Value* get(const gguf::Reader& r, const std::string& key, ValueType type, bool required) {
+const Value* metadata_value(const gguf::Reader& r, const std::string& key, ValueType type,
+                            bool required) {
   const gguf::KeyValue* kv = r.find(key);
   if (!kv) {
     if (required)
@@ -36,8 +35,10 @@ const Value* get(const gguf::Reader& r, const std::string& key, ValueType type, 
   return &kv->value;
 }
 
+namespace {
+
 int64_t get_count(const gguf::Reader& r, const std::string& key) {
-  return static_cast<int64_t>(get(r, key, ValueType::kUint32, true)->as_uint());
+  return static_cast<int64_t>(metadata_value(r, key, ValueType::kUint32, true)->as_uint());
 }
 
 Value count_value(int64_t v, const std::string& key) {
@@ -78,7 +79,7 @@ std::vector<float> per_layer_floats(const gguf::Reader& r, const std::string& ke
                                     bool required) {
   const gguf::KeyValue* kv = r.find(key);
   if (!kv) {
-    if (required) get(r, key, ValueType::kFloat32, true);  // throws "missing"
+    if (required) metadata_value(r, key, ValueType::kFloat32, true);  // throws "missing"
     return {};
   }
   const Value& v = kv->value;
@@ -108,17 +109,18 @@ void read_moecheck(const gguf::Reader& r, MoeConfig& c, ModelLayout& l) {
   c.n_routed = get_count(r, keys::kNRouted);
   c.topk = get_count(r, keys::kTopk);
   c.n_shared = get_count(r, keys::kNShared);
-  c.route_scale = get(r, keys::kRouteScale, ValueType::kFloat32, true)->as_f32();
-  c.norm_topk_prob = get(r, keys::kNormTopk, ValueType::kBool, true)->as_bool();
-  c.score_func = parse_score_func(get(r, keys::kScoreFunc, ValueType::kString, true)->str,
-                                  file + ": metadata key \"" + keys::kScoreFunc + "\"");
-  c.swiglu_limit = get(r, keys::kSwigluLimit, ValueType::kFloat32, true)->as_f32();
-  if (const Value* v = get(r, keys::kSwigluLimitShared, ValueType::kFloat32, false))
+  c.route_scale = metadata_value(r, keys::kRouteScale, ValueType::kFloat32, true)->as_f32();
+  c.norm_topk_prob = metadata_value(r, keys::kNormTopk, ValueType::kBool, true)->as_bool();
+  c.score_func =
+      parse_score_func(metadata_value(r, keys::kScoreFunc, ValueType::kString, true)->str,
+                       file + ": metadata key \"" + keys::kScoreFunc + "\"");
+  c.swiglu_limit = metadata_value(r, keys::kSwigluLimit, ValueType::kFloat32, true)->as_f32();
+  if (const Value* v = metadata_value(r, keys::kSwigluLimitShared, ValueType::kFloat32, false))
     c.swiglu_limit_shared = v->as_f32();
-  if (const Value* t = get(r, keys::kGateTemp, ValueType::kFloat32, false))
+  if (const Value* t = metadata_value(r, keys::kGateTemp, ValueType::kFloat32, false))
     c.gate_temp = t->as_f32();
   else l.defaulted.push_back({keys::kGateTemp, "1"});
-  if (const Value* g = get(r, keys::kGatingFunc, ValueType::kUint32, false)) {
+  if (const Value* g = metadata_value(r, keys::kGatingFunc, ValueType::kUint32, false)) {
     const uint64_t id = g->as_uint();
     if (id != gating_id(c.score_func))
       throw InputError(file + ": metadata key \"" + keys::kGatingFunc +
@@ -133,7 +135,7 @@ void read_deepseek4(const gguf::Reader& r, const std::string& p, MoeConfig& c, M
   const std::string& file = r.name();
   const int64_t blocks = get_count(r, p + "block_count");
   int64_t nextn = 0;
-  if (const Value* v = get(r, p + "nextn_predict_layers", ValueType::kUint32, false))
+  if (const Value* v = metadata_value(r, p + "nextn_predict_layers", ValueType::kUint32, false))
     nextn = static_cast<int64_t>(v->as_uint());
   if (blocks < 1 || nextn >= blocks || blocks > std::numeric_limits<int>::max())
     throw InputError(file + ": metadata keys \"" + p + "block_count\" = " + std::to_string(blocks) +
@@ -146,16 +148,17 @@ void read_deepseek4(const gguf::Reader& r, const std::string& p, MoeConfig& c, M
   c.n_routed = get_count(r, p + "expert_count");
   c.topk = get_count(r, p + "expert_used_count");
   c.n_shared = get_count(r, p + "expert_shared_count");
-  c.route_scale = get(r, p + "expert_weights_scale", ValueType::kFloat32, true)->as_f32();
+  c.route_scale =
+      metadata_value(r, p + "expert_weights_scale", ValueType::kFloat32, true)->as_f32();
   const std::string gk = p + "expert_gating_func";
-  c.score_func = score_of_gating(r, gk, get(r, gk, ValueType::kUint32, true)->as_uint());
-  if (const Value* v = get(r, p + "expert_weights_norm", ValueType::kBool, false))
+  c.score_func = score_of_gating(r, gk, metadata_value(r, gk, ValueType::kUint32, true)->as_uint());
+  if (const Value* v = metadata_value(r, p + "expert_weights_norm", ValueType::kBool, false))
     c.norm_topk_prob = v->as_bool();
   else l.defaulted.push_back({p + "expert_weights_norm", "true"});
-  if (const Value* v = get(r, keys::kGateTemp, ValueType::kFloat32, false))
+  if (const Value* v = metadata_value(r, keys::kGateTemp, ValueType::kFloat32, false))
     c.gate_temp = v->as_f32();
   else l.defaulted.push_back({keys::kGateTemp, "1"});
-  if (const Value* v = get(r, p + "hash_layer_count", ValueType::kUint32, false))
+  if (const Value* v = metadata_value(r, p + "hash_layer_count", ValueType::kUint32, false))
     l.hash_layers =
         static_cast<int>(std::min<uint64_t>(v->as_uint(), static_cast<uint64_t>(blocks)));
   else l.defaulted.push_back({p + "hash_layer_count", "0"});
@@ -204,7 +207,7 @@ MoeConfig ModelLayout::layer_config(const MoeConfig& file, int L) const {
 }
 
 void read_model_metadata(const gguf::Reader& r, MoeConfig& config, ModelLayout& layout) {
-  const std::string arch = get(r, keys::kArchitecture, ValueType::kString, true)->str;
+  const std::string arch = metadata_value(r, keys::kArchitecture, ValueType::kString, true)->str;
   const Convention conv =
       parse_convention(arch, r.name() + ": metadata key \"" + keys::kArchitecture + "\"");
   layout.convention = conv;

@@ -20,6 +20,12 @@ const char* architecture_name(Convention c);
 // `where` and listing the known ones otherwise.
 Convention parse_convention(const std::string& name, const std::string& where);
 
+// The value of `key` when it has exactly `type`; nullptr when absent and not required. InputError
+// naming the file and key for a missing required key or another type ("expected uint32, found
+// int32 4").
+const gguf::Value* metadata_value(const gguf::Reader& r, const std::string& key,
+                                  gguf::ValueType type, bool required);
+
 // A metadata key that was absent and took model.py's (or llama.cpp's) default.
 struct DefaultedKey {
   std::string key;

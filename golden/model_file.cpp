@@ -26,21 +26,6 @@ std::string ne_string(const std::vector<int64_t>& ne) {
   return s + "]";
 }
 
-const Value* get(const gguf::Reader& r, const char* key, ValueType type, bool required) {
-  const gguf::KeyValue* kv = r.find(key);
-  if (!kv) {
-    if (required)
-      throw InputError(r.name() + ": metadata key \"" + key + "\" (" + gguf::type_name(type) +
-                       ") is missing");
-    return nullptr;
-  }
-  if (kv->value.type != type)
-    throw InputError(r.name() + ": metadata key \"" + key + "\" at offset " +
-                     std::to_string(kv->file_offset) + ": expected " + gguf::type_name(type) +
-                     ", found " + gguf::describe(kv->value));
-  return &kv->value;
-}
-
 Value count_value(int64_t v, const char* key) {
   if (v < 0 || v > std::numeric_limits<uint32_t>::max())
     throw InputError(std::string("model metadata: ") + key + " = " + std::to_string(v) +
@@ -131,11 +116,11 @@ ModelFile ModelFile::from_gguf(gguf::Reader reader) {
 
   if (r.find(keys::kGenSeed)) {
     GeneratorProvenance p;
-    p.seed = get(r, keys::kGenSeed, ValueType::kUint64, true)->as_uint();
-    p.preset = get(r, keys::kGenPreset, ValueType::kString, true)->str;
-    p.version =
-        static_cast<uint32_t>(get(r, keys::kGenVersion, ValueType::kUint32, true)->as_uint());
-    p.fast_blocks = get(r, keys::kGenFastBlocks, ValueType::kBool, true)->as_bool();
+    p.seed = metadata_value(r, keys::kGenSeed, ValueType::kUint64, true)->as_uint();
+    p.preset = metadata_value(r, keys::kGenPreset, ValueType::kString, true)->str;
+    p.version = static_cast<uint32_t>(
+        metadata_value(r, keys::kGenVersion, ValueType::kUint32, true)->as_uint());
+    p.fast_blocks = metadata_value(r, keys::kGenFastBlocks, ValueType::kBool, true)->as_bool();
     m.provenance_ = p;
   }
   return m;

@@ -23,6 +23,26 @@ V4 = dict(dim=512, inter=256, n_routed=8, topk=2, layers=3, route_scale=1.5, voc
           clamp_exp=[10.0, 10.0, 0.75], clamp_shexp=[10.0, 6.0, 0.25])
 
 
+def add_experts(w, rng, b, dim, inter, n):
+    """A layer's routed experts (random valid Q2_K gate / up, Q3_K down: gguf-py has no K-quant
+    quantiser) and its bf16 shared expert, under the tensor names of docs/gguf.md."""
+    def normal_bf16(rows, cols, sigma):
+        return F.f32_to_bf16(rng.normal(0, sigma, (rows, cols)).astype(np.float32))
+
+    for proj in ("gate", "up"):
+        blocks = F.random_q2k(rng, n * inter * dim // F.QK_K, dim**-0.5)
+        w.add_tensor(b + f"ffn_{proj}_exps.weight", blocks.reshape(n, inter, -1),
+                     raw_dtype=gguf.GGMLQuantizationType.Q2_K)
+    blocks = F.random_q3k(rng, n * dim * inter // F.QK_K, inter**-0.5)
+    w.add_tensor(b + "ffn_down_exps.weight", blocks.reshape(n, dim, -1),
+                 raw_dtype=gguf.GGMLQuantizationType.Q3_K)
+    for proj in ("gate", "up"):
+        w.add_tensor(b + f"ffn_{proj}_shexp.weight", normal_bf16(inter, dim, dim**-0.5),
+                     raw_dtype=gguf.GGMLQuantizationType.BF16)
+    w.add_tensor(b + "ffn_down_shexp.weight", normal_bf16(dim, inter, inter**-0.5),
+                 raw_dtype=gguf.GGMLQuantizationType.BF16)
+
+
 def write_deepseek4_model(path, rng, arch="deepseek4"):
     """arch deepseek4: layer 0 hash-routed. deepseek41: no hash layer (hash_layer_count 0, as
     llama.cpp's V4.1 loader reads V4's keys) and every layer with V4.1's exp_probs_b_vl."""
@@ -42,11 +62,6 @@ def write_deepseek4_model(path, rng, arch="deepseek4"):
     w.add_uint32(f"{arch}.hash_layer_count", 1 if hashed else 0)
     w.add_array(f"{arch}.swiglu_clamp_exp", c["clamp_exp"])
     w.add_array(f"{arch}.swiglu_clamp_shexp", c["clamp_shexp"])
-    bf16 = gguf.GGMLQuantizationType.BF16
-
-    def normal_bf16(rows, cols, sigma):
-        return F.f32_to_bf16(rng.normal(0, sigma, (rows, cols)).astype(np.float32))
-
     for L in range(c["layers"]):
         b = f"blk.{L}."
         w.add_tensor(b + "ffn_gate_inp.weight",
@@ -58,18 +73,7 @@ def write_deepseek4_model(path, rng, arch="deepseek4"):
             w.add_tensor(b + "exp_probs_b.bias", rng.normal(0, 0.01, n).astype(np.float32))
         if not hashed:
             w.add_tensor(b + "exp_probs_b_vl.bias", rng.normal(0, 0.05, n).astype(np.float32))
-        for proj in ("gate", "up"):
-            blocks = F.random_q2k(rng, n * inter * dim // F.QK_K, dim**-0.5)
-            w.add_tensor(b + f"ffn_{proj}_exps.weight", blocks.reshape(n, inter, -1),
-                         raw_dtype=gguf.GGMLQuantizationType.Q2_K)
-        blocks = F.random_q3k(rng, n * dim * inter // F.QK_K, inter**-0.5)
-        w.add_tensor(b + "ffn_down_exps.weight", blocks.reshape(n, dim, -1),
-                     raw_dtype=gguf.GGMLQuantizationType.Q3_K)
-        for proj in ("gate", "up"):
-            w.add_tensor(b + f"ffn_{proj}_shexp.weight", normal_bf16(inter, dim, dim**-0.5),
-                         raw_dtype=bf16)
-        w.add_tensor(b + "ffn_down_shexp.weight", normal_bf16(dim, inter, inter**-0.5),
-                     raw_dtype=bf16)
+        add_experts(w, rng, b, dim, inter, n)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

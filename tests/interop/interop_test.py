@@ -68,7 +68,7 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
 import formats as F  # noqa: E402
-from conventions import test_moecheck_runs_gguf_py_conventions  # noqa: E402
+from conventions import add_experts, test_moecheck_runs_gguf_py_conventions  # noqa: E402
 from checks import (attr, check, check_close, check_routing, dataset, field_value,  # noqa: E402
                     weights)
 
@@ -215,18 +215,7 @@ def write_gguf_py_model(path, rng):
         b = f"blk.{L}."
         w.add_tensor(b + "ffn_gate_inp.weight", normal_bf16(n, dim, dim**-0.5), raw_dtype=bf16)
         w.add_tensor(b + "exp_probs_b.bias", rng.normal(0, 0.01, n).astype(np.float32))
-        for proj in ("gate", "up"):
-            blocks = F.random_q2k(rng, n * inter * dim // F.QK_K, dim**-0.5)
-            w.add_tensor(b + f"ffn_{proj}_exps.weight", blocks.reshape(n, inter, -1),
-                         raw_dtype=gguf.GGMLQuantizationType.Q2_K)
-        blocks = F.random_q3k(rng, n * dim * inter // F.QK_K, inter**-0.5)
-        w.add_tensor(b + "ffn_down_exps.weight", blocks.reshape(n, dim, -1),
-                     raw_dtype=gguf.GGMLQuantizationType.Q3_K)
-        for proj in ("gate", "up"):
-            w.add_tensor(b + f"ffn_{proj}_shexp.weight", normal_bf16(inter, dim, dim**-0.5),
-                         raw_dtype=bf16)
-        w.add_tensor(b + "ffn_down_shexp.weight", normal_bf16(dim, inter, inter**-0.5),
-                     raw_dtype=bf16)
+        add_experts(w, rng, b, dim, inter, n)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
