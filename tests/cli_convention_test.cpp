@@ -43,6 +43,8 @@ TEST_F(CliConvention, Deepseek4GenInspectCheckAndTheHashLayer) {
   EXPECT_EQ(dump.meta.config.swiglu_limit, 10.0f) << d.cmd;
   ASSERT_EQ(dump.meta.layer_clamps.count(2), 1u) << d.cmd;
   EXPECT_EQ(dump.meta.layer_clamps.at(2), (std::pair<float, float>{0.75f, 0.25f})) << d.cmd;
+  const CliResult di = run("inspect " + p("l2.h5"));
+  EXPECT_CONTAINS(di.out, "clamps         swiglu_limit 0.75, shared 0.25 (this layer's own)", di);
   // Another dump of the same layer diffs clean; the clamps are compared per layer.
   EXPECT_EXIT_CODE(run("run --impl emu --model " + p("v4.gguf") + " --layers 2 -o " + p("l2b.h5")),
                    0);

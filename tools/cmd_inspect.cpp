@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <utility>
 
 #include "core/error.h"
 #include "golden/dump.h"
@@ -13,6 +14,7 @@
 #include "golden/model_file.h"
 #include "tools/commands.h"
 #include "tools/json.h"
+#include "tools/report.h"
 
 namespace moecheck::cli {
 namespace {
@@ -289,11 +291,14 @@ void slices_text(const LayerTaps& t, const std::vector<SliceHash>& slices) {
 
 // One layer as text: its datasets in storage order and the tensors its forward read.
 void layer_text(const MoeConfig& c, int64_t T, const LayerTaps& t,
-                const std::vector<SliceHash>& slices) {
+                const std::vector<SliceHash>& slices, const std::pair<float, float>* clamps) {
   std::printf("/layers/%d:\n", t.layer);
   auto line = [](const std::string& k, const std::string& v) {
     std::printf("  %-14s %s\n", k.c_str(), v.c_str());
   };
+  if (clamps)
+    line("clamps", "swiglu_limit " + fmt_num(clamps->first) + ", shared " +
+                       fmt_num(clamps->second) + " (this layer's own)");
   for (const Dataset& d : head_datasets(c, T, t)) {
     line(d.name, shape(d.shape) + " " + d.dtype);
     if (d.name == "input") line("image_mask", image_mask_text(t.image_mask));
@@ -309,10 +314,12 @@ void layer_text(const MoeConfig& c, int64_t T, const LayerTaps& t,
 // One layer as JSON: every dataset's shape (numbers) and dtype, the image mask, the experts and
 // the shared expert, the tensors read.
 void layer_json(Json& j, const MoeConfig& c, int64_t T, const LayerTaps& t,
-                const std::vector<SliceHash>& slices) {
+                const std::vector<SliceHash>& slices, const std::pair<float, float>* clamps) {
   int64_t masked = 0;
   for (uint8_t v : t.image_mask) masked += v != 0;
   j.begin_object().kv("layer", t.layer).kv("image_mask", !t.image_mask.empty());
+  if (clamps)
+    j.kv("swiglu_limit", double(clamps->first)).kv("swiglu_limit_shared", double(clamps->second));
   j.kv("image_mask_tokens", masked).key("datasets").begin_object();
   std::vector<Dataset> all = head_datasets(c, T, t);
   if (!t.image_mask.empty()) all.push_back({"image_mask", {T}, "uint8"});
@@ -343,8 +350,10 @@ int inspect_dump(const InspectArgs& a) {
   const std::vector<SliceHash> none;
   for (size_t li = 0; li < d.layers.size(); ++li) {
     const std::vector<SliceHash>& sl = d.slices.empty() ? none : d.slices[li];
-    if (a.json) layer_json(j, d.meta.config, d.meta.tokens, d.layers[li], sl);
-    else layer_text(d.meta.config, d.meta.tokens, d.layers[li], sl);
+    const auto it = d.meta.layer_clamps.find(d.layers[li].layer);
+    const std::pair<float, float>* cl = it == d.meta.layer_clamps.end() ? nullptr : &it->second;
+    if (a.json) layer_json(j, d.meta.config, d.meta.tokens, d.layers[li], sl, cl);
+    else layer_text(d.meta.config, d.meta.tokens, d.layers[li], sl, cl);
   }
   if (a.json) {
     j.end_array().end_object();
