@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -31,7 +32,19 @@ void send_and_exit(int fd, const char* msg, int code) {
 
 }  // namespace
 
+unsigned probe_seconds() {
+  const char* v = std::getenv("MOECHECK_PROBE_SECONDS");
+  if (v == nullptr || *v == '\0') return kDefaultProbeSeconds;
+  char* end = nullptr;
+  const unsigned long n = std::strtoul(v, &end, 10);
+  if (*end != '\0' || n == 0 || n > 86400)
+    throw InputError(std::string("MOECHECK_PROBE_SECONDS=") + v +
+                     ": expected a whole number of seconds in [1, 86400]");
+  return static_cast<unsigned>(n);
+}
+
 void probe_in_child(const std::string& file, const std::function<void()>& read) {
+  const unsigned limit = probe_seconds();
   int fds[2];
   if (::pipe(fds) != 0)
     throw InputError(file + ": cannot start the probe process (pipe: " + std::strerror(errno) +
@@ -47,7 +60,10 @@ void probe_in_child(const std::string& file, const std::function<void()>& read) 
     ::close(fds[0]);
     // Die by the signal itself (a sanitizer's or fuzzer's inherited handler would turn it into an
     // exit code), so the parent can name it.
-    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) ::signal(sig, SIG_DFL);
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGALRM}) ::signal(sig, SIG_DFL);
+    // A corrupt file can also make the library loop forever (libhdf5 1.10 on some damaged
+    // global heaps): the child dies by SIGALRM after `limit` seconds.
+    ::alarm(limit);
     try {
       read();
     } catch (const InputError& e) {
@@ -70,6 +86,11 @@ void probe_in_child(const std::string& file, const std::function<void()>& read) 
   ::close(fds[0]);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
+    throw InputError(file + ": the HDF5 library did not finish reading it within " +
+                     std::to_string(limit) +
+                     " s in a probe process (a corrupt file can make it loop); nothing was read "
+                     "from it (MOECHECK_PROBE_SECONDS sets the limit)");
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
     throw InputError(file + ": the HDF5 library crashed reading it (signal " + std::to_string(sig) +

@@ -61,6 +61,39 @@ TEST(Probe, CrashBecomesAnInputErrorNamingFileAndSignal) {
   EXPECT_NO_THROW(probe_in_child("z.h5", [] {}));
 }
 
+// A read that never ends (libhdf5 1.10 loops on some damaged global heaps: a fuzz finding, the
+// file in tests/data/dump_hang_global_heap.h5) is ended after MOECHECK_PROBE_SECONDS and becomes
+// an InputError naming the file and the limit; a bad limit is refused by name.
+TEST(Probe, ALoopingReadIsEndedAfterTheLimit) {
+  ::setenv("MOECHECK_PROBE_SECONDS", "1", 1);
+  try {
+    probe_in_child("loop.h5", [] {
+      for (;;) ::pause();
+    });
+    FAIL() << "no InputError";
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("loop.h5: the HDF5 library did not finish reading it within 1 s"),
+              std::string::npos)
+        << m;
+  }
+  const std::string hang =
+      std::string(MOECHECK_SOURCE_DIR) + "/tests/fuzz/hostile/dump_hang_global_heap.h5";
+  try {
+    (void)read_dump(hang);
+    FAIL() << "no InputError for " << hang;
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("did not finish reading it within 1 s"), std::string::npos)
+        << e.what();
+  }
+  ::setenv("MOECHECK_PROBE_SECONDS", "0", 1);
+  EXPECT_THROW(probe_seconds(), InputError);
+  ::setenv("MOECHECK_PROBE_SECONDS", "ten", 1);
+  EXPECT_THROW(probe_seconds(), InputError);
+  ::unsetenv("MOECHECK_PROBE_SECONDS");
+  EXPECT_EQ(probe_seconds(), kDefaultProbeSeconds);
+}
+
 TEST(DumpStamp, WrittenDumpMatchesAnyChangedByteMismatches) {
   const fs::path d = temp_dir();
   const Dump v1 = read_dump(kV1);  // unstamped: read through the probe
