@@ -114,14 +114,10 @@ LayerDiff diff_layer(const Dump& A, const Dump& B, size_t li, const DiffOptions&
 DiffReport diff_dumps(const Dump& A, const Dump& B, const DiffOptions& o) {
   // An imported dump may hold only some stages (docs/golden-format.md "Imported dumps"); diff
   // aligns everything on both sides' routing, so it needs router_logits and the picks.
-  // (check --against's own judged layer, the kernel contract's run with the imported stages put
-  // in place, is labelled "import" with no stage list: it holds every stage.)
   for (const Dump* d : {&A, &B}) {
-    if (d->meta.stages.empty() ||
-        (dump_has_stage(d->meta, Stage::kRouterLogits) && dump_has_stage(d->meta, Stage::kTopkIds)))
+    if (dump_has_stage(d->meta, Stage::kRouterLogits) && dump_has_stage(d->meta, Stage::kTopkIds))
       continue;
-    std::string held;
-    for (const std::string& s : d->meta.stages) held += (held.empty() ? "" : ",") + s;
+    const std::string held = join_stage_list(d->meta.stages);
     throw InputError(d->path + ": an imported dump of stages " + held +
                      ": diff needs router_logits, topk_ids and topk_weights on both sides; judge "
                      "it with `moecheck check --against " +

@@ -65,7 +65,8 @@ struct DumpMeta {
   std::vector<std::string> stages;
 };
 
-// Whether the dump holds the stage (every stage, except in an imported dump: its `stages`).
+// Whether the dump holds the stage (every stage, except in an imported dump with a `stages` list:
+// those).
 bool dump_has_stage(const DumpMeta& m, Stage s);
 // `stages` as written ("input,router_logits,output") and read back: known stage names, input and
 // output among them, topk_ids with topk_weights, acc (the tap stages) exactly when taps.
