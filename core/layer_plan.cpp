@@ -38,31 +38,37 @@ void number_pairs(const Routing& r, int64_t n_routed, LayerPlan& p,
   }
 }
 
-// Groups of at most kMaxGroupRows consecutive pair rows of one expert, per projection.
-void make_groups(LayerPlan& p) {
+// Groups of at most kMaxGroupRows consecutive pair rows of one expert, per projection: first
+// the MMVQ groups (experts with at most mmvq_max_rows pairs, one group each), then the MMQ groups
+// (the other experts), each part in ascending expert id.
+void make_groups(LayerPlan& p, int mmvq_max_rows) {
   const int64_t U = p.n_experts(), P = p.pairs();
   std::vector<MmvqGroup> gate, up, down;
-  for (int64_t u = 0; u < U; ++u) {
-    const int64_t first = p.first_pair[static_cast<size_t>(u)];
-    const int64_t end = u + 1 < U ? p.first_pair[static_cast<size_t>(u + 1)] : P;
-    for (int64_t s0 = first; s0 < end; s0 += kMaxGroupRows) {
-      MmvqGroup g, q, d;
-      g.slot = static_cast<int32_t>(u);
-      q.slot = static_cast<int32_t>(U + u);
-      d.slot = static_cast<int32_t>(2 * U + u);
-      g.n = q.n = d.n = static_cast<int32_t>(std::min<int64_t>(kMaxGroupRows, end - s0));
-      for (int32_t i = 0; i < g.n; ++i) {
-        const int32_t pp = static_cast<int32_t>(s0 + i);
-        g.a_row[i] = q.a_row[i] = p.pair_token[static_cast<size_t>(pp)];
-        g.y_row[i] = pp;
-        q.y_row[i] = static_cast<int32_t>(P) + pp;
-        d.a_row[i] = d.y_row[i] = pp;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int64_t u = 0; u < U; ++u) {
+      const int64_t first = p.first_pair[static_cast<size_t>(u)];
+      const int64_t end = u + 1 < U ? p.first_pair[static_cast<size_t>(u + 1)] : P;
+      if ((end - first <= mmvq_max_rows) != (pass == 0)) continue;
+      for (int64_t s0 = first; s0 < end; s0 += kMaxGroupRows) {
+        MmvqGroup g, q, d;
+        g.slot = static_cast<int32_t>(u);
+        q.slot = static_cast<int32_t>(U + u);
+        d.slot = static_cast<int32_t>(2 * U + u);
+        g.n = q.n = d.n = static_cast<int32_t>(std::min<int64_t>(kMaxGroupRows, end - s0));
+        for (int32_t i = 0; i < g.n; ++i) {
+          const int32_t pp = static_cast<int32_t>(s0 + i);
+          g.a_row[i] = q.a_row[i] = p.pair_token[static_cast<size_t>(pp)];
+          g.y_row[i] = pp;
+          q.y_row[i] = static_cast<int32_t>(P) + pp;
+          d.a_row[i] = d.y_row[i] = pp;
+        }
+        if (pass == 0) p.max_group_rows = std::max(p.max_group_rows, static_cast<int>(g.n));
+        gate.push_back(g);
+        up.push_back(q);
+        down.push_back(d);
       }
-      p.max_group_rows = std::max(p.max_group_rows, static_cast<int>(g.n));
-      gate.push_back(g);
-      up.push_back(q);
-      down.push_back(d);
     }
+    if (pass == 0) p.n_mmvq_groups = static_cast<int64_t>(gate.size());
   }
   p.n_proj_groups = static_cast<int64_t>(gate.size());
   p.groups = std::move(gate);
@@ -97,13 +103,16 @@ void make_accumulation(const Routing& r, const std::vector<std::vector<int32_t>>
 
 }  // namespace
 
-LayerPlan build_layer_plan(const Routing& r, int64_t n_routed) {
+LayerPlan build_layer_plan(const Routing& r, int64_t n_routed, int mmvq_max_rows) {
+  if (mmvq_max_rows < 0 || mmvq_max_rows > kMaxGroupRows)
+    throw InputError("build_layer_plan: mmvq_max_rows must be in [0, " +
+                     std::to_string(kMaxGroupRows) + "], found " + std::to_string(mmvq_max_rows));
   LayerPlan p;
   p.tokens = r.tokens;
   p.topk = r.topk;
   std::vector<std::vector<int32_t>> tok_of;
   number_pairs(r, n_routed, p, tok_of);
-  make_groups(p);
+  make_groups(p, mmvq_max_rows);
   make_accumulation(r, tok_of, p);
   return p;
 }

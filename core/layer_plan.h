@@ -39,7 +39,9 @@ struct LayerPlan {
   std::vector<float> pair_weight;   // [P] routing weight of pair row p
   std::vector<MmvqGroup> groups;    // the gate groups, then the up groups, then the down groups
   int64_t n_proj_groups = 0;        // groups per projection (gate = up = down)
-  int max_group_rows = 1;           // the largest group's n: sizes the MMVQ shared memory
+  int64_t n_mmvq_groups = 0;        // of which the first n_mmvq_groups run through MMVQ, the
+                                    // rest (experts with more than mmvq_max_rows pairs) MMQ
+  int max_group_rows = 1;           // the largest MMVQ group's n: sizes the MMVQ shared memory
   std::vector<int32_t> acc_rows;    // [T, topk] token t's pair rows in ascending expert id
   std::vector<float> acc_weights;   // [T, topk] their routing weights
 
@@ -51,8 +53,11 @@ struct LayerPlan {
 };
 
 // The plan of a routing (`r.ids` [T, topk], picks in any order). Throws InputError naming the
-// token when an id is outside [0, n_routed) or a token picks an expert twice.
-LayerPlan build_layer_plan(const Routing& r, int64_t n_routed);
+// token when an id is outside [0, n_routed) or a token picks an expert twice. Each projection's
+// groups hold first the MMVQ groups (the experts with at most mmvq_max_rows pairs: one group
+// each, ascending expert id), then the MMQ groups (the other experts, ascending id, groups of 8
+// consecutive pair rows, the last ragged). No bit depends on the split (numerics.md "mmvq").
+LayerPlan build_layer_plan(const Routing& r, int64_t n_routed, int mmvq_max_rows = kMaxGroupRows);
 
 // The slot table of a plan: 3U matrix base pointers (gate, up, down of each used expert), expert
 // e of a stack at base + e * stride (llama.cpp's stacked layout; the bases may be host views or

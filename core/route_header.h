@@ -46,7 +46,8 @@ struct RouteHeaderLayout {
 // The device plan's buffer for T tokens (P = T * topk pairs; the groups per projection are at
 // most P): byte offsets of the slot pointers (3P), the MMVQ groups (gate [0, G), up [G, 2G): one
 // contiguous launch; down at [2P, 2P + G)), the accumulation rows and weights ([T, topk] each)
-// and three i32 counts {2G, G, U} (a fourth word unused), then route_plan's scratch (each
+// and four i32 counts {2G, G, U, Gs} (Gs: the MMVQ groups, which come first in each
+// projection; the MMQ groups follow), then route_plan's scratch (each
 // pick's pair row, P i32). Equal to build_layer_plan's content where both are defined
 // (tests/gpu/route_select_test.cu).
 struct DevicePlanLayout {

@@ -59,6 +59,27 @@ void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGrou
                          const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
                          void* stream);
 
+// ---- mmq (cuda/mmq.cu): the batched form, for experts with more rows than one group ----
+// The same bits as mmvq_groups on the same groups (docs/numerics.md "mmvq_q2k, mmvq_q3k"),
+// integer parts on the int8 tensor cores. Weight rows are read as the 16-byte-aligned chunks
+// covering them: a matrix's allocation must extend to the 16-byte boundary after its last row
+// (the driver allocates 16 bytes of slack); matrix bases 16-byte aligned for Q2_K, 2 for Q3_K
+// (the plain form checks 16). a 16-byte aligned.
+// Plain form: w [rows, K], a [T, K / 32], y [T, rows]; any T.
+void mmq(GgmlType t, const uint8_t* w, const BlockQ8_1* a, float* y, int64_t rows, int64_t K,
+         int64_t T, void* stream);
+// Groups form: n_groups DEVICE groups against the DEVICE slot table (as mmvq_groups), for each
+// of n_proj projections: projection j's groups at groups + j * proj_stride (one launch).
+void mmq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups, int64_t n_groups,
+                int n_proj, int64_t proj_stride, const BlockQ8_1* a, float* y, int64_t rows,
+                int64_t K, void* stream);
+// Planned form (the device route): projection j's groups at groups + j * proj_stride, the live
+// range [counts[3], counts[1]) read from the DEVICE plan counts {2G, G, U, Gs} when the kernel
+// starts (core/route_header.h DevicePlanLayout: the MMVQ groups come first, then these).
+void mmq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups,
+                        const int32_t* counts, int n_proj, int64_t proj_stride, const BlockQ8_1* a,
+                        float* y, int64_t rows, int64_t K, void* stream);
+
 // The MMVQ engines (docs/performance.md "GPU"). kDp4a (the default): the dp4a kernel of
 // cuda/mmvq.cu for every launch. kTensorCore: the tensor-core engine (cuda/mmvq_tc.cu) for every
 // launch whose groups hold one token (K <= 16384), the dp4a kernel otherwise; measured slower than
@@ -81,6 +102,7 @@ struct RouteParams {
   float gate_temp = 1.0f, route_scale = 1.0f;
   int score_func = 0;  // static_cast<int>(ScoreFunc)
   bool norm_topk_prob = true;
+  int mmvq_max_rows = kMaxGroupRows;  // route_plan: experts with more pairs go to MMQ groups
 };
 // One layer's route header (core/route_header.h, RouteHeaderLayout{T, topk}) from logits
 // [T, n_routed] f32, bias / bias_vl (nullable) [n_routed], image_mask [T] (nullable) and the
@@ -97,9 +119,11 @@ void route_select_plan_one(const float* logits, const float* bias, const float* 
                            const uint8_t* const* slot_up, const uint8_t* const* slot_down,
                            uint8_t* plan, void* stream);
 // The device plan (core/route_header.h DevicePlanLayout{T, topk}) from a route header: slot
-// pointers (slot_gate / slot_up / slot_down [n_slots], indexed by the slot table's value), MMVQ
-// groups, accumulation rows and weights, counts {2G, G, U}. A header with a nonzero status gives
-// counts 0 and zero rows and weights (the forward computes nothing and the host raises).
+// pointers (slot_gate / slot_up / slot_down [n_slots], indexed by the slot table's value), the
+// groups (per projection the Gs MMVQ groups, then the MMQ groups, as build_layer_plan with
+// rp.mmvq_max_rows), accumulation rows and weights, counts {2G, G, U, Gs}. A header with a nonzero
+// status gives counts 0 and zero rows and weights (the forward computes nothing and the host
+// raises).
 void route_plan(const int32_t* hdr, int64_t T, const RouteParams& rp, const int32_t* slots,
                 const uint8_t* const* slot_gate, const uint8_t* const* slot_up,
                 const uint8_t* const* slot_down, uint8_t* plan, void* stream);

@@ -27,6 +27,12 @@ MoeLayer::MoeLayer(const LayerWeights& w, LayerOptions o) : impl_(new Impl) {
   if (!expert_warps_allowed(o.expert_warps))
     throw InputError(where + "options: expert_warps must be 2, 4 or 8, found " +
                      std::to_string(o.expert_warps));
+  if (o.mmvq_max_rows < 0 || o.mmvq_max_rows > kMaxGroupRows)
+    throw InputError(where + "options: mmvq_max_rows must be in [0, 8], found " +
+                     std::to_string(o.mmvq_max_rows));
+  if (o.max_tokens < 0 || o.max_tokens > (int64_t{1} << 24))
+    throw InputError(where + "options: max_tokens must be in [0, 2^24], found " +
+                     std::to_string(o.max_tokens));
   m.dense_shared = w.shared_gate.type == GgmlType::kBF16;
   std::string why;
   if (!device_available(&why)) throw InputError(where + "device: " + why);
@@ -46,6 +52,13 @@ MoeLayer::MoeLayer(const LayerWeights& w, LayerOptions o) : impl_(new Impl) {
   m.setup_device();
   m.upload_weights();
   m.upload_slots();
+  if (o.max_tokens > 0) {  // every buffer now: no allocation (and no graph drop) in a forward
+    m.reserve(o.max_tokens);
+    const size_t P = static_cast<size_t>(o.max_tokens * w.config.topk);
+    m.reserve_plan(layer_detail::align_up(3 * P * sizeof(void*), 16) +
+                   layer_detail::align_up(3 * P * sizeof(MmvqGroup), 16) +
+                   layer_detail::align_up(P * 4, 16) + P * 4);
+  }
 }
 
 MoeLayer::~MoeLayer() = default;
@@ -74,10 +87,10 @@ void MoeLayer::Impl::upload_weights() {
   if (w.bias_vl != nullptr) upload(bias_vl, w.bias_vl, static_cast<size_t>(c.n_routed) * 4);
   for (auto [d, s] :
        {std::pair{&gate_exps, &w.gate_exps}, {&up_exps, &w.up_exps}, {&down_exps, &w.down_exps}})
-    upload(*d, s->data, static_cast<size_t>(s->expert_stride() * c.n_routed));
+    upload(*d, s->data, static_cast<size_t>(s->expert_stride() * c.n_routed), 16);
   for (auto [d, s] :
        {std::pair{&sh_gate, &w.shared_gate}, {&sh_up, &w.shared_up}, {&sh_down, &w.shared_down}})
-    upload(*d, s->data, static_cast<size_t>(s->rows * s->row_stride()));
+    upload(*d, s->data, static_cast<size_t>(s->rows * s->row_stride()), 16);
 }
 
 // Scratch for T tokens (grows only; a move drops the captured graphs, which hold raw pointers).
@@ -158,14 +171,17 @@ void MoeLayer::Impl::shared_expert(int64_t T, cudaStream_t s) {
     bf16_gemv(sh_down.as<uint16_t>(), shb.as<uint16_t>(), sd.as<float>(), c.dim, c.inter, T, s);
   } else {
     const int ew = o.expert_warps;
-    mmvq(w.shared_gate.type, sh_gate.as<uint8_t>(), x_q8.as<BlockQ8_1>(), sg.as<float>(), c.inter,
-         c.dim, T, ew, s);
-    mmvq(w.shared_up.type, sh_up.as<uint8_t>(), x_q8.as<BlockQ8_1>(), su.as<float>(), c.inter,
-         c.dim, T, ew, s);
+    const bool q = T > o.mmvq_max_rows;  // MMQ above the MMVQ rows, as the routed experts
+    auto proj = [&](const MatView& m, const DevBuf& wb, const BlockQ8_1* a, DevBuf& y, int64_t rows,
+                    int64_t K) {
+      if (q) mmq(m.type, wb.as<uint8_t>(), a, y.as<float>(), rows, K, T, s);
+      else mmvq(m.type, wb.as<uint8_t>(), a, y.as<float>(), rows, K, T, ew, s);
+    };
+    proj(w.shared_gate, sh_gate, x_q8.as<BlockQ8_1>(), sg, c.inter, c.dim);
+    proj(w.shared_up, sh_up, x_q8.as<BlockQ8_1>(), su, c.inter, c.dim);
     swiglu_q8(sg.as<float>(), su.as<float>(), sh.as<float>(), sh_q8.as<BlockQ8_1>(), T, c.inter,
               c.shared_swiglu_limit(), s);
-    mmvq(w.shared_down.type, sh_down.as<uint8_t>(), sh_q8.as<BlockQ8_1>(), sd.as<float>(), c.dim,
-         c.inter, T, ew, s);
+    proj(w.shared_down, sh_down, sh_q8.as<BlockQ8_1>(), sd, c.dim, c.inter);
   }
 }
 
@@ -182,35 +198,58 @@ void MoeLayer::Impl::pack_plan(const LayerPlan& p, const PlanLayout& L) {
   std::memcpy(hp + L.weights, p.acc_weights.data(), p.acc_weights.size() * 4);
 }
 
-// Plan upload, gate/up MMVQ, SwiGLU + q8_1, down MMVQ on the main stream (graph-capturable).
+// Gate and up of every selected expert: the MMVQ groups (one launch when every group is one,
+// and gate and up share a type), then the MMQ groups of the experts with more pairs.
+void MoeLayer::Impl::routed_gate_up(const LayerPlan& p, const uint8_t* const* slots,
+                                    const MmvqGroup* groups) {
+  const MoeConfig& c = w.config;
+  const int64_t n = p.n_proj_groups, ns = p.n_mmvq_groups;
+  const int ew = o.expert_warps, max_n = p.max_group_rows;
+  const BlockQ8_1* xq = x_q8.as<BlockQ8_1>();
+  if (w.gate_exps.type == w.up_exps.type && ns == n) {
+    mmvq_groups(w.gate_exps.type, slots, groups, 2 * n, max_n, xq, gu.as<float>(), c.inter, c.dim,
+                ew, main);
+    return;
+  }
+  mmvq_groups(w.gate_exps.type, slots, groups, ns, max_n, xq, gu.as<float>(), c.inter, c.dim, ew,
+              main);
+  mmvq_groups(w.up_exps.type, slots, groups + n, ns, max_n, xq, gu.as<float>(), c.inter, c.dim, ew,
+              main);
+  if (ns == n) return;
+  if (w.gate_exps.type == w.up_exps.type) {
+    mmq_groups(w.gate_exps.type, slots, groups + ns, n - ns, 2, n, xq, gu.as<float>(), c.inter,
+               c.dim, main);
+  } else {
+    mmq_groups(w.gate_exps.type, slots, groups + ns, n - ns, 1, n, xq, gu.as<float>(), c.inter,
+               c.dim, main);
+    mmq_groups(w.up_exps.type, slots, groups + n + ns, n - ns, 1, n, xq, gu.as<float>(), c.inter,
+               c.dim, main);
+  }
+}
+
+// Plan upload, gate/up, SwiGLU + q8_1, down on the main stream (graph-capturable): MMVQ for the
+// plan's first n_mmvq_groups groups of each projection, MMQ for the rest.
 void MoeLayer::Impl::routed(const LayerPlan& p, const PlanLayout& L) {
   const MoeConfig& c = w.config;
-  const int64_t P = p.pairs(), n = p.n_proj_groups;
+  const int64_t P = p.pairs(), n = p.n_proj_groups, ns = p.n_mmvq_groups;
   MOECHECK_CUDA_CHECK(cudaMemcpyAsync(plan.p, h_plan.p, L.bytes, cudaMemcpyHostToDevice, main));
   const auto* slots = reinterpret_cast<const uint8_t* const*>(plan.as<uint8_t>() + L.slots);
   const auto* groups = reinterpret_cast<const MmvqGroup*>(plan.as<uint8_t>() + L.groups);
-  const int ew = o.expert_warps, max_n = p.max_group_rows;
-  const BlockQ8_1* xq = x_q8.as<BlockQ8_1>();
-  if (w.gate_exps.type == w.up_exps.type) {  // gate and up of every selected expert: one launch
-    mmvq_groups(w.gate_exps.type, slots, groups, 2 * n, max_n, xq, gu.as<float>(), c.inter, c.dim,
-                ew, main);
-  } else {
-    mmvq_groups(w.gate_exps.type, slots, groups, n, max_n, xq, gu.as<float>(), c.inter, c.dim, ew,
-                main);
-    mmvq_groups(w.up_exps.type, slots, groups + n, n, max_n, xq, gu.as<float>(), c.inter, c.dim, ew,
-                main);
-  }
+  routed_gate_up(p, slots, groups);
   swiglu_q8(gu.as<float>(), gu.as<float>() + P * c.inter, h.as<float>(), h_q8.as<BlockQ8_1>(), P,
             c.inter, c.swiglu_limit, main);
-  mmvq_groups(w.down_exps.type, slots, groups + 2 * n, n, max_n, h_q8.as<BlockQ8_1>(),
-              down.as<float>(), c.dim, c.inter, ew, main);
+  mmvq_groups(w.down_exps.type, slots, groups + 2 * n, ns, p.max_group_rows, h_q8.as<BlockQ8_1>(),
+              down.as<float>(), c.dim, c.inter, o.expert_warps, main);
+  mmq_groups(w.down_exps.type, slots, groups + 2 * n + ns, n - ns, 1, n, h_q8.as<BlockQ8_1>(),
+             down.as<float>(), c.dim, c.inter, main);
 }
 
 // Routed experts, then (without the side stream) the shared expert, the join, the accumulation
 // and the output down to the host.
 void MoeLayer::Impl::finish(const LayerPlan& p, const PlanLayout& L, int64_t T) {
   const MoeConfig& c = w.config;
-  launch({2, p.pairs(), p.n_experts() * kMaxGroupRows + p.max_group_rows, p.n_proj_groups, L.bytes},
+  launch({2, p.pairs(), p.n_experts() * kMaxGroupRows + p.max_group_rows,
+          p.n_proj_groups * (p.pairs() + 1) + p.n_mmvq_groups, L.bytes},
          main, [&](cudaStream_t) { routed(p, L); });
   if (o.shared_side_stream) {
     MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(main, ev_out, 0));
@@ -287,9 +326,7 @@ std::vector<uint16_t> MoeLayer::forward(const uint16_t* xin, int64_t T, LayerTap
                                         LayerTiming* timing, const uint8_t* image_mask) {
   Impl& m = *impl_;
   const MoeConfig& c = m.w.config;
-  if (T < 0)
-    throw InputError("cuda::MoeLayer: layer " + std::to_string(m.w.layer) +
-                     ", input: negative token count " + std::to_string(T));
+  m.check_tokens(T, "forward");
   if (T == 0) return {};
   const auto t_start = std::chrono::steady_clock::now();
   MOECHECK_CUDA_CHECK(cudaSetDevice(m.o.device));
@@ -306,7 +343,7 @@ std::vector<uint16_t> MoeLayer::forward(const uint16_t* xin, int64_t T, LayerTap
     rt = route_from_logits(m.h_logits.as<float>(), T, RouteBias{m.w.bias, m.w.bias_vl, image_mask},
                            c, m.w.layer);
     m.check_resident(rt);
-    plan = build_layer_plan(rt, c.n_routed);
+    plan = build_layer_plan(rt, c.n_routed, m.o.mmvq_max_rows);
     const PlanLayout layout(plan);
     m.reserve_plan(layout.bytes);
     m.pack_plan(plan, layout);
@@ -327,7 +364,8 @@ std::vector<uint16_t> MoeLayer::forward(const uint16_t* xin, int64_t T, LayerTap
   fence.armed = false;  // finish joined the side stream
   if (on_device) {
     rt = m.header_routing(T, image_mask);
-    if (taps != nullptr || timing != nullptr) plan = build_layer_plan(rt, c.n_routed);
+    if (taps != nullptr || timing != nullptr)
+      plan = build_layer_plan(rt, c.n_routed, m.o.mmvq_max_rows);
     if (taps != nullptr)
       MOECHECK_CUDA_CHECK(
           cudaMemcpy(m.h_logits.p, m.logits.p, T * c.n_routed * 4, cudaMemcpyDeviceToHost));

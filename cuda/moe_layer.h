@@ -30,6 +30,14 @@ struct LayerOptions {
   bool use_graphs = false;                 // replay the post-routing launches as a CUDA graph
   int device = 0;
   RoutePlace route = RoutePlace::kHost;
+  // Experts with at most this many pairs (0..8) run through MMVQ, one group each; the others
+  // through MMQ (cuda/mmq.cu), as is the K-quant shared expert when T exceeds it. No bit depends
+  // on it (docs/numerics.md "mmvq_q2k, mmvq_q3k"); 0 sends every expert through MMQ.
+  int mmvq_max_rows = kMaxGroupRows;
+  // The largest T a forward takes (> 0: every scratch buffer is allocated for it at construction
+  // and a larger T is refused with an InputError naming it; 0: buffers grow with the largest T
+  // seen, which drops the captured graphs when they move).
+  int64_t max_tokens = 0;
 };
 
 class MoeLayer {

@@ -108,9 +108,12 @@ struct MoeLayer::Impl {
     MOECHECK_CUDA_CHECK(cudaGraphLaunch(it->second, s));
   }
 
-  void upload(DevBuf& d, const void* src, size_t n) {
-    d.reserve(n);
+  // slack: zeroed bytes after the data (MMQ reads a row's last 16-byte chunk whole; see
+  // cuda/kernels.h mmq).
+  void upload(DevBuf& d, const void* src, size_t n, size_t slack = 0) {
+    d.reserve(n + slack);
     MOECHECK_CUDA_CHECK(cudaMemcpy(d.p, src, n, cudaMemcpyHostToDevice));
+    if (slack > 0) MOECHECK_CUDA_CHECK(cudaMemset(static_cast<uint8_t*>(d.p) + n, 0, slack));
   }
 
   void setup_device();
@@ -124,11 +127,13 @@ struct MoeLayer::Impl {
   void require_graph_route(int64_t T, const char* op);
   Routing header_routing(int64_t T, const uint8_t* image_mask);
   void reserve(int64_t T);
+  void check_tokens(int64_t T, const char* op) const;
   void reserve_plan(size_t bytes);
   void pre_route(const uint16_t* xin, int64_t T);
   void shared_expert(int64_t T, cudaStream_t s);
   void pack_plan(const LayerPlan& p, const PlanLayout& L);
   void routed(const LayerPlan& p, const PlanLayout& L);
+  void routed_gate_up(const LayerPlan& p, const uint8_t* const* slots, const MmvqGroup* groups);
   void finish(const LayerPlan& p, const PlanLayout& L, int64_t T);
   void finish_device(int64_t T);
   uint64_t bytes_read(const LayerPlan& p) const;

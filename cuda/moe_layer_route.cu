@@ -70,8 +70,13 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked) {
   const MoeConfig& c = w.config;
   const int64_t P = T * c.topk, E = c.n_routed;
   const DevicePlanLayout D(T, c.topk);
-  const RouteParams rp{
-      E, c.topk, c.gate_temp, c.route_scale, static_cast<int>(c.score_func), c.norm_topk_prob};
+  const RouteParams rp{E,
+                       c.topk,
+                       c.gate_temp,
+                       c.route_scale,
+                       static_cast<int>(c.score_func),
+                       c.norm_topk_prob,
+                       o.mmvq_max_rows};
   const int32_t* row = slot_table.as<int32_t>() + w.layer * E;
   const float* bvl = w.bias_vl != nullptr ? bias_vl.as<float>() : nullptr;
   const uint8_t* mk = masked ? mask.as<uint8_t>() : nullptr;
@@ -88,19 +93,30 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked) {
   const auto* counts = reinterpret_cast<const int32_t*>(dplan.as<uint8_t>() + D.counts);
   const int ew = o.expert_warps, max_n = static_cast<int>(T < kMaxGroupRows ? T : kMaxGroupRows);
   const BlockQ8_1* xq = x_q8.as<BlockQ8_1>();
+  // MMVQ over the Gs groups counts[3] of each projection, MMQ over [Gs, G) (counts[1]).
   if (w.gate_exps.type == w.up_exps.type) {
-    mmvq_groups_planned(w.gate_exps.type, slots, groups, counts + 1, 2, P, max_n, xq,
+    mmvq_groups_planned(w.gate_exps.type, slots, groups, counts + 3, 2, P, max_n, xq,
                         gu.as<float>(), c.inter, c.dim, ew, main);
+    if (T > o.mmvq_max_rows)
+      mmq_groups_planned(w.gate_exps.type, slots, groups, counts, 2, P, xq, gu.as<float>(), c.inter,
+                         c.dim, main);
   } else {
-    mmvq_groups_planned(w.gate_exps.type, slots, groups, counts + 1, 1, P, max_n, xq,
-                        gu.as<float>(), c.inter, c.dim, ew, main);
-    mmvq_groups_planned(w.up_exps.type, slots, groups + P, counts + 1, 1, P, max_n, xq,
-                        gu.as<float>(), c.inter, c.dim, ew, main);
+    for (int j = 0; j < 2; ++j) {
+      const GgmlType t = j == 0 ? w.gate_exps.type : w.up_exps.type;
+      mmvq_groups_planned(t, slots, groups + j * P, counts + 3, 1, P, max_n, xq, gu.as<float>(),
+                          c.inter, c.dim, ew, main);
+      if (T > o.mmvq_max_rows)
+        mmq_groups_planned(t, slots, groups + j * P, counts, 1, P, xq, gu.as<float>(), c.inter,
+                           c.dim, main);
+    }
   }
   swiglu_q8(gu.as<float>(), gu.as<float>() + P * c.inter, h.as<float>(), h_q8.as<BlockQ8_1>(), P,
             c.inter, c.swiglu_limit, main);
-  mmvq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts + 1, 1, P, max_n,
+  mmvq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts + 3, 1, P, max_n,
                       h_q8.as<BlockQ8_1>(), down.as<float>(), c.dim, c.inter, ew, main);
+  if (T > o.mmvq_max_rows)
+    mmq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts, 1, P, h_q8.as<BlockQ8_1>(),
+                       down.as<float>(), c.dim, c.inter, main);
 }
 
 // After a device-routed forward: the header's status raised as the host route would (a NaN key:
@@ -190,12 +206,22 @@ Routing MoeLayer::device_routing(int64_t T) {
   return m.header_routing(T, nullptr);
 }
 
+// T against the options (InputError naming the layer, the operation and max_tokens).
+void MoeLayer::Impl::check_tokens(int64_t T, const char* op) const {
+  const std::string where = "cuda::MoeLayer: layer " + std::to_string(w.layer) + ", " + op + ": ";
+  if (T < 0) throw InputError(where + "negative token count " + std::to_string(T));
+  if (o.max_tokens > 0 && T > o.max_tokens)
+    throw InputError(where + "T=" + std::to_string(T) +
+                     " exceeds LayerOptions::max_tokens=" + std::to_string(o.max_tokens));
+}
+
 // The device-resident forward's preconditions, then scratch for T tokens.
 void MoeLayer::Impl::require_graph_route(int64_t T, const char* op) {
   const std::string where = "cuda::MoeLayer: layer " + std::to_string(w.layer) + ", " + op + ": ";
   if (o.route != RoutePlace::kDevice)
     throw InputError(where + "needs the device route (LayerOptions::route = kDevice)");
   if (T <= 0) throw InputError(where + "need T >= 1, found " + std::to_string(T));
+  check_tokens(T, op);
   MOECHECK_CUDA_CHECK(cudaSetDevice(o.device));
   reserve(T);
 }

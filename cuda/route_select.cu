@@ -169,7 +169,7 @@ __device__ void one_token_plan(const SelectArgs& a, const int* ids) {
       rows[i] = 0;
       weights[i] = 0.0f;
     }
-    counts[0] = counts[1] = counts[2] = 0;
+    counts[0] = counts[1] = counts[2] = counts[3] = 0;
     return;
   }
   for (int j = 0; j < k; ++j) {  // pick j is the r-th smallest id: pair row, group r
@@ -198,6 +198,7 @@ __device__ void one_token_plan(const SelectArgs& a, const int* ids) {
   counts[0] = 2 * k;
   counts[1] = k;
   counts[2] = k;
+  counts[3] = a.rp.mmvq_max_rows >= 1 ? k : 0;  // one pair per expert: all MMVQ or all MMQ
 }
 
 // Block t routes token t (blockDim: one or two experts per thread). Shared memory: scores, keys
@@ -257,6 +258,7 @@ __global__ void __launch_bounds__(1024) route_select_kernel(SelectArgs a) {
 struct PlanArgs {
   const int32_t* hdr;
   int64_t T, n, k;
+  int mmvq_max_rows;
   const int32_t* slots;
   const uint8_t* const* slot_gate;
   const uint8_t* const* slot_up;
@@ -321,46 +323,58 @@ __device__ void token_accumulation(const PlanArgs& a, int64_t t, const int32_t* 
   }
 }
 
+// Groups of an expert with cnt pairs: one MMVQ group (cnt <= mmvq_max_rows) or its MMQ groups.
+__device__ __forceinline__ int4 expert_counts(int cnt, int mmvq_max_rows) {
+  const int small = cnt > 0 && cnt <= mmvq_max_rows ? 1 : 0;
+  return make_int4(cnt, cnt > 0 ? 1 : 0, small,
+                   small ? 0 : (cnt + kMaxGroupRows - 1) / kMaxGroupRows);
+}
+
+__device__ __forceinline__ int4 add4(int4 a, int4 b) {
+  return make_int4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
 // Pair rows and groups in ascending expert id: each thread takes a contiguous run of experts,
-// the block scans the runs' (pairs, used experts, groups) exclusively (integers: exact), then
-// each thread writes its run's first pair row, used-expert index and first group. Thread
-// blockDim - 1 writes the totals: counts {2G, G, U} and *U_out. Ends synchronised.
-__device__ void scan_experts(int n, const int* cnt, int* first, int* uidx, int* gfirst,
-                             int32_t* counts, int* U_out) {
-  __shared__ int3 warp_sum[kPlanThreads / kWarpSize];
+// the block scans the runs' (pairs, used experts, MMVQ groups, MMQ groups) exclusively
+// (integers: exact), then each thread writes its run's first pair row, used-expert index and
+// first group (MMVQ groups first, then MMQ groups: core/layer_plan.h). Thread blockDim - 1
+// writes the totals: counts {2G, G, U, Gs} and *U_out. Ends synchronised.
+__device__ void scan_experts(int n, int mmvq_max_rows, const int* cnt, int* first, int* uidx,
+                             int* gfirst, int32_t* counts, int* U_out) {
+  __shared__ int4 warp_sum[kPlanThreads / kWarpSize];
   const int per = (n + kPlanThreads - 1) / kPlanThreads;
   const int e0 = static_cast<int>(threadIdx.x) * per, e1 = min(e0 + per, n);
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  int3 v = make_int3(0, 0, 0);
-  for (int e = e0; e < e1; ++e) {
-    v.x += cnt[e];
-    v.y += cnt[e] > 0 ? 1 : 0;
-    v.z += (cnt[e] + kMaxGroupRows - 1) / kMaxGroupRows;
-  }
-  int3 inc = v;  // inclusive scan over the warp
+  int4 v = make_int4(0, 0, 0, 0);
+  for (int e = e0; e < e1; ++e) v = add4(v, expert_counts(cnt[e], mmvq_max_rows));
+  int4 inc = v;  // inclusive scan over the warp
   for (int o = 1; o < kWarpSize; o *= 2) {
-    const int x = __shfl_up_sync(0xFFFFFFFFu, inc.x, o), y = __shfl_up_sync(0xFFFFFFFFu, inc.y, o),
-              z = __shfl_up_sync(0xFFFFFFFFu, inc.z, o);
-    if (lane >= o) inc = make_int3(inc.x + x, inc.y + y, inc.z + z);
+    const int4 u =
+        make_int4(__shfl_up_sync(0xFFFFFFFFu, inc.x, o), __shfl_up_sync(0xFFFFFFFFu, inc.y, o),
+                  __shfl_up_sync(0xFFFFFFFFu, inc.z, o), __shfl_up_sync(0xFFFFFFFFu, inc.w, o));
+    if (lane >= o) inc = add4(inc, u);
   }
   if (lane == kWarpSize - 1) warp_sum[warp] = inc;
   __syncthreads();
-  int3 base = make_int3(inc.x - v.x, inc.y - v.y, inc.z - v.z);
-  for (int w = 0; w < warp; ++w)
-    base = make_int3(base.x + warp_sum[w].x, base.y + warp_sum[w].y, base.z + warp_sum[w].z);
+  int4 base = make_int4(inc.x - v.x, inc.y - v.y, inc.z - v.z, inc.w - v.w);
+  int gs = 0;  // the MMVQ groups of all experts
+  for (int w = 0; w < kPlanThreads / kWarpSize; ++w) {
+    if (w < warp) base = add4(base, warp_sum[w]);
+    gs += warp_sum[w].z;
+  }
   for (int e = e0; e < e1; ++e) {
+    const int4 c = expert_counts(cnt[e], mmvq_max_rows);
     first[e] = base.x;
     uidx[e] = cnt[e] > 0 ? base.y : -1;
-    gfirst[e] = base.z;
-    base.x += cnt[e];
-    base.y += cnt[e] > 0 ? 1 : 0;
-    base.z += (cnt[e] + kMaxGroupRows - 1) / kMaxGroupRows;
+    gfirst[e] = c.z != 0 ? base.z : gs + base.w;
+    base = add4(base, c);
   }
   if (threadIdx.x == kPlanThreads - 1) {
-    counts[0] = 2 * base.z;
-    counts[1] = base.z;
+    counts[0] = 2 * (base.z + base.w);
+    counts[1] = base.z + base.w;
     counts[2] = base.y;
+    counts[3] = base.z;
     *U_out = base.y;
   }
   __syncthreads();
@@ -383,7 +397,7 @@ __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(PlanArgs a) {
       rows[i] = 0;
       weights[i] = 0.0f;
     }
-    if (threadIdx.x == 0) counts[0] = counts[1] = counts[2] = 0;
+    if (threadIdx.x == 0) counts[0] = counts[1] = counts[2] = counts[3] = 0;
     return;
   }
   int* cnt = reinterpret_cast<int*>(smem);
@@ -395,7 +409,7 @@ __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(PlanArgs a) {
   for (int64_t i = threadIdx.x; i < P; i += blockDim.x)
     atomicAdd(&cnt[a.hdr[RouteHeaderLayout::kPicks + i]], 1);
   __syncthreads();
-  scan_experts(n, cnt, first, uidx, gfirst, counts, &U_sh);
+  scan_experts(n, a.mmvq_max_rows, cnt, first, uidx, gfirst, counts, &U_sh);
   for (int e = threadIdx.x; e < n; e += blockDim.x)
     if (cnt[e] > 0)
       expert_groups(a, e, cnt[e], first[e], uidx[e], U_sh, gfirst[e], groups, pick_pair);
@@ -463,7 +477,11 @@ void route_plan(const int32_t* hdr, int64_t T, const RouteParams& rp, const int3
     throw InputError("cuda::route_plan: need 1 <= n_routed <= 2048 and 1 <= topk <= 64, found " +
                      std::to_string(rp.n_routed) + ", " + std::to_string(rp.topk));
   require_aligned(plan, 16, "route_plan", "plan");
-  const PlanArgs a{hdr, T, rp.n_routed, rp.topk, slots, slot_gate, slot_up, slot_down, plan};
+  if (rp.mmvq_max_rows < 0 || rp.mmvq_max_rows > kMaxGroupRows)
+    throw InputError("cuda::route_plan: mmvq_max_rows must be in [0, 8], found " +
+                     std::to_string(rp.mmvq_max_rows));
+  const PlanArgs a{hdr,   T,         rp.n_routed, rp.topk,   rp.mmvq_max_rows,
+                   slots, slot_gate, slot_up,     slot_down, plan};
   const size_t smem = static_cast<size_t>(rp.n_routed) * 16;
   route_plan_kernel<<<1, kPlanThreads, smem, as_stream(stream)>>>(a);
   MOECHECK_CUDA_CHECK(cudaGetLastError());

@@ -39,7 +39,8 @@ Routing random_routing(emutest::Gen& g, int64_t T, int64_t K, int64_t E, int64_t
 }
 
 // Every property of the plan, restated plainly.
-void expect_plan_rules(const Routing& r, int64_t E, const LayerPlan& p) {
+void expect_plan_rules(const Routing& r, int64_t E, const LayerPlan& p,
+                       int mmvq_max_rows = kMaxGroupRows) {
   const int64_t T = r.tokens, K = r.topk, P = T * K;
   ASSERT_EQ(p.pairs(), P);
   // (expert, token) pairs in ascending expert id, then token.
@@ -66,7 +67,15 @@ void expect_plan_rules(const Routing& r, int64_t E, const LayerPlan& p) {
     ASSERT_TRUE(g.n >= 1 && g.n <= kMaxGroupRows);
     ASSERT_EQ(up.slot, U + g.slot);
     ASSERT_EQ(d.slot, 2 * U + g.slot);
-    max_n = std::max(max_n, g.n);
+    // MMVQ groups first (experts with at most mmvq_max_rows pairs, one group each), then MMQ
+    // groups; each part in ascending expert id.
+    const int64_t cnt = (g.slot + 1 < U ? p.first_pair[g.slot + 1] : P) - p.first_pair[g.slot];
+    ASSERT_EQ(i < p.n_mmvq_groups, cnt <= mmvq_max_rows)
+        << "group " << i << ", " << cnt << " pairs";
+    if (i > 0 && i != p.n_mmvq_groups) {
+      ASSERT_GE(g.slot, p.gate_groups()[i - 1].slot) << "group " << i << " out of expert order";
+    }
+    if (i < p.n_mmvq_groups) max_n = std::max(max_n, g.n);
     for (int j = 0; j < g.n; ++j) {
       const int32_t pair = g.y_row[j];
       ++seen[pair];
@@ -112,6 +121,8 @@ TEST(LayerPlan, RandomRoutings_T1to70_matchTheRules) {
     SCOPED_TRACE("seed " + std::to_string(seed) + " T " + std::to_string(T) + " K " +
                  std::to_string(K) + " E " + std::to_string(E));
     expect_plan_rules(r, E, build_layer_plan(r, E));
+    const int mr = static_cast<int>(seed % 9);  // every split, 0 (all MMQ) to 8
+    expect_plan_rules(r, E, build_layer_plan(r, E, mr), mr);
   }
 }
 
@@ -120,10 +131,36 @@ TEST(LayerPlan, OneExpertTakesEveryToken_GroupsOf8) {
   const Routing r = random_routing(g, 20, 1, 8, 3);
   const LayerPlan p = build_layer_plan(r, 8);
   ASSERT_EQ(p.experts, std::vector<int32_t>({3}));
-  ASSERT_EQ(p.n_proj_groups, 3);  // 8 + 8 + 4
+  ASSERT_EQ(p.n_proj_groups, 3);  // 8 + 8 + 4, all MMQ (20 pairs > 8)
+  EXPECT_EQ(p.n_mmvq_groups, 0);
   EXPECT_EQ(p.gate_groups()[2].n, 4);
-  EXPECT_EQ(p.max_group_rows, 8);
+  EXPECT_EQ(p.max_group_rows, 1);
   expect_plan_rules(r, 8, p);
+}
+
+TEST(LayerPlan, MmvqGroupsFirstThenMmq_AndBadSplitThrows) {
+  // Token t picks experts {0, 1} (t < 3) or {1, 2}: expert 0 has 3 pairs, 1 has 12, 2 has 9.
+  Routing r;
+  r.tokens = 12;
+  r.topk = 2;
+  for (int32_t t = 0; t < 12; ++t) {
+    r.ids.push_back(t < 3 ? 0 : 2);
+    r.ids.push_back(1);
+    r.weights.push_back(0.5f);
+    r.weights.push_back(0.25f);
+  }
+  const LayerPlan p = build_layer_plan(r, 4);
+  ASSERT_EQ(p.n_proj_groups, 1 + 2 + 2);
+  ASSERT_EQ(p.n_mmvq_groups, 1);
+  EXPECT_EQ(p.gate_groups()[0].slot, 0);  // expert 0 (MMVQ), then 1, 1, 2, 2 (MMQ)
+  EXPECT_EQ(p.gate_groups()[1].slot, 1);
+  EXPECT_EQ(p.gate_groups()[3].slot, 2);
+  EXPECT_EQ(p.max_group_rows, 3);
+  expect_plan_rules(r, 4, p);
+  const LayerPlan all_mmq = build_layer_plan(r, 4, 0);
+  EXPECT_EQ(all_mmq.n_mmvq_groups, 0);
+  expect_plan_rules(r, 4, all_mmq, 0);
+  for (int bad : {-1, 9}) EXPECT_THROW(build_layer_plan(r, 4, bad), InputError) << bad;
 }
 
 TEST(LayerPlan, SlotsAndFoldedTaps) {

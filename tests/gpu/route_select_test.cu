@@ -124,7 +124,11 @@ TEST(RoutePlan, EqualsBuildLayerPlan_100Seeds) {
     const int64_t n = k.c.n_routed, P = k.T * k.c.topk;
     for (int64_t e = 0; e < n; ++e) k.slots[e] = static_cast<int32_t>(n - 1 - e);
     const Routing rt = route_from_logits(k.logits.data(), k.T, k.bias.data(), k.c, 0);
-    const LayerPlan want = build_layer_plan(rt, n);
+    // The MMVQ / MMQ split: the default 8, every expert on MMQ (0), and 2.
+    const int mr = seed % 3 == 0 ? 0 : (seed % 3 == 1 ? kMaxGroupRows : 2);
+    cuda::RouteParams rp = params(k.c);
+    rp.mmvq_max_rows = mr;
+    const LayerPlan want = build_layer_plan(rt, n, mr);
     // Slot pointers: fake bases, slot s of gate at 0x10000 + 64 s, up + 0x100000, down + 0x200000.
     std::vector<const uint8_t*> ptrs(static_cast<size_t>(3 * n));
     for (int64_t s = 0; s < 3 * n; ++s)
@@ -136,10 +140,10 @@ TEST(RoutePlan, EqualsBuildLayerPlan_100Seeds) {
     DevArray<int32_t> ds(k.slots), dh(static_cast<size_t>(L.words()));
     DevArray<const uint8_t*> dp(ptrs);
     DevArray<uint8_t> plan(D.bytes);
-    const std::string r = gputest::repro(seed * 104729, "T " + std::to_string(k.T));
-    cuda::route_select(dz.get(), k.T, db.get(), nullptr, nullptr, params(k.c), ds.get(), dh.get(),
-                       nullptr);
-    cuda::route_plan(dh.get(), k.T, params(k.c), ds.get(), dp.get(), dp.get() + n, dp.get() + 2 * n,
+    const std::string r = gputest::repro(
+        seed * 104729, "T " + std::to_string(k.T) + " mmvq_max_rows " + std::to_string(mr));
+    cuda::route_select(dz.get(), k.T, db.get(), nullptr, nullptr, rp, ds.get(), dh.get(), nullptr);
+    cuda::route_plan(dh.get(), k.T, rp, ds.get(), dp.get(), dp.get() + n, dp.get() + 2 * n,
                      plan.get(), nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << r;
     const std::vector<uint8_t> got = plan.host();
@@ -148,6 +152,7 @@ TEST(RoutePlan, EqualsBuildLayerPlan_100Seeds) {
     ASSERT_EQ(counts[0], 2 * G) << r;
     ASSERT_EQ(counts[1], G) << r;
     ASSERT_EQ(counts[2], U) << r;
+    ASSERT_EQ(counts[3], want.n_mmvq_groups) << r;
     const auto* gp = reinterpret_cast<const uint8_t* const*>(got.data() + D.slots);
     for (int64_t u = 0; u < U; ++u) {
       const int64_t e = want.experts[u], s = k.slots[e];

@@ -1,0 +1,156 @@
+// MMQ tile arithmetic (cuda/mmq.cu): one q8_1 unit of 16 Q2_K / Q3_K weight rows against the 8
+// token columns of a group, integer parts on the int8 tensor cores, then the float part of
+// docs/numerics.md "mmvq_q2k, mmvq_q3k" folded into the unit's contract-lane chain.
+//
+// Fragments (PTX ISA "mma.m16n8k32" / "mma.m16n8k16", integer types): lane (g, c) = (lane / 4,
+// lane % 4) holds A rows g and g + 8, bytes 4c..4c+3 of each 16-value half, B (the activation
+// quants) of token column g at the same bytes, and the results D for rows g, g + 8 and token
+// columns 2c, 2c + 1. Integer products and sums are exact (numerics.md "Conventions"), so any
+// split of a unit's dot products gives the contract's A and B.
+// - Q2_K: A bytes = scale * quant (4-bit scale, 2-bit quant: at most 45, u8), one k32 mma gives
+//   A = sc[j0] p0 + sc[j1] p1; a second k32 mma with the mins broadcast over each half gives
+//   B = m[j0] a0 + m[j1] a1.
+// - Q3_K: scale * quant reaches 128 (s = -32, q = -4), one past s8, so two k16 mmas give p0 and
+//   p1 (quants in [-4, 3], s8) and A = s[j0] p0 + s[j1] p1 is formed in int32.
+// float(A), float(B): |A| < 2^22, so the float with bits 0x4B400000 + A is 1.5 * 2^23 + A
+// exactly and subtracting 1.5 * 2^23 gives A exactly (the same value as a conversion
+// instruction, at full rate).
+#pragma once
+
+#include <cstdint>
+
+#include "core/fp_ops.h"
+#include "cuda/device_util.cuh"
+
+namespace moecheck::cuda::mmq_tile {
+
+// D = A (16 x 32 u8, row) * B (32 x 8 s8, col), s32: exact.
+__device__ __forceinline__ void mma_k32_u8s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+  d[0] = d[1] = d[2] = d[3] = 0;
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// D = A (16 x 16 s8, row) * B (16 x 8 s8, col), s32: exact.
+__device__ __forceinline__ void mma_k16_s8s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+  d[0] = d[1] = d[2] = d[3] = 0;
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+      "{%0,%1,%2,%3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// float(v) for |v| < 2^22, exact (see the header).
+__device__ __forceinline__ float exact_float(int v) {
+  return sub_rn(__int_as_float(0x4B400000 + v), 12582912.0f);
+}
+
+// Four signed 3-bit quants x - 4 (x in [0, 7] per byte) as s8 bytes, without borrows between
+// bytes: (x + 0x80 - 4) ^ 0x80 per byte.
+__device__ __forceinline__ uint32_t q3_bytes(uint32_t x) {
+  return ((x | 0x80808080u) - 0x04040404u) ^ 0x80808080u;
+}
+
+// One weight row's words of a super-block for the lane's bytes 4c (w[0]) and 16 + 4c (w[1])
+// of the unit pair the warp owns (units b = 2 wc, 2 wc + 1 share their quant bytes), with the
+// scales, mins and the f16 factors widened.
+struct RowSb {
+  uint32_t q[2];  // quant bytes, all four bit pairs
+  uint32_t h[2];  // Q3_K: high-bit bytes (bit b of byte l is unit b's)
+  int sc[4];      // scales of sub-blocks 4 wc .. 4 wc + 3 (Q3_K: signed)
+  int mn[4];      // Q2_K mins of the same sub-blocks
+  float d, dmin;
+};
+
+// Row data of super-block `blk` (byte offset of the block in shared memory `s`, 2-byte aligned
+// for Q3_K), for class warp wc and lane quarter c.
+template <bool kQ2K>
+__device__ __forceinline__ RowSb row_sb(const uint8_t* s, int blk, int wc, int c) {
+  RowSb r;
+  if constexpr (kQ2K) {  // scales[16] | qs[64] @16 | d @80 | dmin @82; blocks 4-byte aligned
+    const int qo = blk + 16 + 32 * (wc >> 1) + 4 * c;
+    r.q[0] = *reinterpret_cast<const uint32_t*>(s + qo);
+    r.q[1] = *reinterpret_cast<const uint32_t*>(s + qo + 16);
+    const uint32_t scw = *reinterpret_cast<const uint32_t*>(s + blk + 4 * wc);
+    const uint32_t dd = *reinterpret_cast<const uint32_t*>(s + blk + 80);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      r.sc[i] = static_cast<int>((scw >> (8 * i)) & 0xF);
+      r.mn[i] = static_cast<int>((scw >> (8 * i + 4)) & 0xF);
+    }
+    r.d = f16_bits_to_f32(static_cast<uint16_t>(dd & 0xFFFF));
+    r.dmin = f16_bits_to_f32(static_cast<uint16_t>(dd >> 16));
+    r.h[0] = r.h[1] = 0;
+  } else {  // hmask[32] | qs[64] @32 | scales[12] @96 | d @108; blocks 2-byte aligned
+    r.h[0] = lds_u32(s, blk + 4 * c);
+    r.h[1] = lds_u32(s, blk + 16 + 4 * c);
+    const int qo = blk + 32 + 32 * (wc >> 1) + 4 * c;
+    r.q[0] = lds_u32(s, qo);
+    r.q[1] = lds_u32(s, qo + 16);
+    // Sub-block j = 4 wc + i: low nibble in scales[j & 7] >> 4 (j >> 3), high pair in
+    // scales[8 + (j & 3)] >> 2 (j >> 2).
+    const uint32_t lo = lds_u32(s, blk + 96 + 4 * (wc & 1)) >> (4 * (wc >> 1));
+    const uint32_t hi = lds_u32(s, blk + 104) >> (2 * wc);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      r.sc[i] = static_cast<int>(((lo >> (8 * i)) & 0xF) | (((hi >> (8 * i)) & 3) << 4)) - 32;
+      r.mn[i] = 0;
+    }
+    r.d = f16_bits_to_f32(lds_u16(s, blk + 108));
+    r.dmin = 0.0f;
+  }
+  return r;
+}
+
+// Unit b = 2 wc + bb of rows r0 (g) and r1 (g + 8) against the token columns of B (b0, b1), its
+// float part chained into acc[4] (D order: (g, 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1));
+// d8[2] are the activation scales of token columns 2c, 2c + 1 for this unit.
+template <bool kQ2K>
+__device__ __forceinline__ void unit_chain(const RowSb& r0, const RowSb& r1, int b, int bb,
+                                           uint32_t b0, uint32_t b1, const float (&d8)[2],
+                                           float (&acc)[4]) {
+  const int sh = 2 * (b & 3);
+  const RowSb* rr[2] = {&r0, &r1};
+  if constexpr (kQ2K) {
+    uint32_t a[4], am[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // i: bit 0 the row (g, g + 8), bit 1 the half
+      const RowSb& r = *rr[i & 1];
+      const int j = 2 * bb + (i >> 1);
+      a[i] = ((r.q[i >> 1] >> sh) & 0x03030303u) * static_cast<uint32_t>(r.sc[j]);
+      am[i] = 0x01010101u * static_cast<uint32_t>(r.mn[j]);
+    }
+    int dA[4], dB[4];
+    mma_k32_u8s8(dA, a, b0, b1);
+    mma_k32_u8s8(dB, am, b0, b1);
+#pragma unroll
+    for (int o = 0; o < 4; ++o) {
+      const RowSb& r = *rr[o >> 1];
+      const float t = fma_rn(r.d, exact_float(dA[o]), -mul_rn(r.dmin, exact_float(dB[o])));
+      acc[o] = fma_rn(d8[o & 1], t, acc[o]);
+    }
+  } else {
+    uint32_t a[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const RowSb& r = *rr[i & 1];
+      const uint32_t x =
+          ((r.q[i >> 1] >> sh) & 0x03030303u) | (((r.h[i >> 1] >> b) & 0x01010101u) << 2);
+      a[i] = q3_bytes(x);
+    }
+    int p0[4], p1[4];
+    mma_k16_s8s8(p0, a[0], a[1], b0);
+    mma_k16_s8s8(p1, a[2], a[3], b1);
+#pragma unroll
+    for (int o = 0; o < 4; ++o) {
+      const RowSb& r = *rr[o >> 1];
+      const int A = r.sc[2 * bb] * p0[o] + r.sc[2 * bb + 1] * p1[o];
+      acc[o] = fma_rn(d8[o & 1], mul_rn(r.d, exact_float(A)), acc[o]);
+    }
+  }
+}
+
+}  // namespace moecheck::cuda::mmq_tile

@@ -1,0 +1,202 @@
+// MMQ against MMVQ on the same groups, at the ds41 expert shapes: E experts, each with n token
+// rows (groups of 8 consecutive rows, the last ragged), gate+up (2E x [2304, 5120] Q2_K, one
+// launch) and down (E x [5120, 2304] Q3_K), for n = 9, 16, 32, 64 and 128. Both kernels are
+// first checked bit for bit against the emulation (emu::mmvq_groups) on the same bytes (exit 1
+// if not). Each figure: weight bytes (every expert's once) / kernel time, beside the
+// device-to-device copy bandwidth measured first in this process, and the integer MACs per
+// second. Weights rotate among sets larger than L2 between launches; launches replayed from a
+// CUDA graph. Markdown table last.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda/kernels.h"
+#include "emulate/mmvq.h"
+#include "tests/bench/bench_util.h"
+
+using namespace moecheck;
+using moecheck::bench::time_ms;
+
+namespace {
+
+constexpr int64_t kDim = 5120, kInter = 2304, kExperts = 16, kSets = 6;
+
+double graph_us(const std::function<void(int, cudaStream_t)>& launch, int n, cudaStream_t s) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  MOECHECK_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < n; ++i) launch(i, s);
+  MOECHECK_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  MOECHECK_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  const double ms = time_ms([&] { MOECHECK_CUDA_CHECK(cudaGraphLaunch(ge, s)); }, 2, 10, s);
+  MOECHECK_CUDA_CHECK(cudaGraphExecDestroy(ge));
+  MOECHECK_CUDA_CHECK(cudaGraphDestroy(g));
+  return ms * 1e3 / n;
+}
+
+// The groups of E experts with n rows each: projection 0 (gate) slots 0..E-1 then projection 1
+// (up) slots E..2E-1 at proj_stride G; down reuses projection 0's shape with slots 2E + e.
+struct Groups {
+  std::vector<MmvqGroup> gu, down;
+  int64_t G = 0;
+};
+
+Groups make_groups(int64_t n) {
+  Groups r;
+  for (int64_t e = 0; e < kExperts; ++e)
+    for (int64_t s0 = 0; s0 < n; s0 += kMaxGroupRows) {
+      MmvqGroup g;
+      g.slot = static_cast<int32_t>(e);
+      g.n = static_cast<int32_t>(n - s0 < kMaxGroupRows ? n - s0 : kMaxGroupRows);
+      for (int i = 0; i < g.n; ++i) {
+        g.a_row[i] = static_cast<int32_t>((e * 7 + s0 + i) % n);  // tokens of a batch of n
+        g.y_row[i] = static_cast<int32_t>(e * n + s0 + i);
+      }
+      r.gu.push_back(g);
+      MmvqGroup d = g;
+      d.slot = static_cast<int32_t>(2 * kExperts + e);
+      for (int i = 0; i < g.n; ++i) d.a_row[i] = d.y_row[i];
+      r.down.push_back(d);
+    }
+  r.G = static_cast<int64_t>(r.gu.size());
+  std::vector<MmvqGroup> up = r.gu;
+  for (auto& g : up) {
+    g.slot += static_cast<int32_t>(kExperts);
+    for (int i = 0; i < g.n; ++i) g.y_row[i] += static_cast<int32_t>(kExperts * 128);
+  }
+  r.gu.insert(r.gu.end(), up.begin(), up.end());
+  return r;
+}
+
+struct Row {
+  std::string what;
+  int64_t n;
+  double us, gbs, frac, tops;
+};
+
+}  // namespace
+
+int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const double copy = bench::copy_bandwidth_gbs();
+  std::printf("GPU: %s\ndevice-to-device copy: %.0f GB/s (read + write, 1 GiB, median of 25)\n",
+              bench::gpu_name().c_str(), copy);
+  cudaStream_t s;
+  MOECHECK_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const int64_t gstride = kInter * row_bytes(GgmlType::kQ2K, kDim);
+  const int64_t dstride = kDim * row_bytes(GgmlType::kQ3K, kInter);
+  const int64_t set_bytes = kExperts * (2 * gstride + dstride);  // 205 MB
+  uint8_t* pool = nullptr;
+  MOECHECK_CUDA_CHECK(cudaMalloc(&pool, kSets * set_bytes + 16));
+  bench::fill_random(pool, kSets * set_bytes + 16, 11);
+  std::vector<const uint8_t*> tab;  // set i: gate E, up E, down E
+  for (int64_t i = 0; i < kSets; ++i)
+    for (int64_t e = 0; e < 3 * kExperts; ++e)
+      tab.push_back(
+          pool + i * set_bytes +
+          (e < 2 * kExperts ? e * gstride : 2 * kExperts * gstride + (e - 2 * kExperts) * dstride));
+  const uint8_t** d_tab = nullptr;
+  MOECHECK_CUDA_CHECK(cudaMalloc(&d_tab, tab.size() * sizeof(void*)));
+  MOECHECK_CUDA_CHECK(
+      cudaMemcpy(d_tab, tab.data(), tab.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  const int64_t max_n = 128;
+  BlockQ8_1 *xq = nullptr, *hq = nullptr;
+  float* y = nullptr;
+  MOECHECK_CUDA_CHECK(cudaMalloc(&xq, max_n * kDim / 32 * sizeof(BlockQ8_1)));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&hq, kExperts * max_n * kInter / 32 * sizeof(BlockQ8_1)));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&y, 2 * kExperts * max_n * kDim * sizeof(float)));
+  bench::fill_random(xq, max_n * kDim / 32 * sizeof(BlockQ8_1), 12);
+  bench::fill_random(hq, kExperts * max_n * kInter / 32 * sizeof(BlockQ8_1), 13);
+  MmvqGroup* d_groups = nullptr;
+  MOECHECK_CUDA_CHECK(cudaMalloc(&d_groups, 4 * kExperts * max_n * sizeof(MmvqGroup)));
+
+  std::vector<Row> rows;
+  for (int64_t n : {9, 16, 32, 64, 128}) {
+    const Groups gr = make_groups(n);
+    const int64_t G = gr.G;
+    std::vector<MmvqGroup> all = gr.gu;
+    all.insert(all.end(), gr.down.begin(), gr.down.end());
+    MOECHECK_CUDA_CHECK(
+        cudaMemcpy(d_groups, all.data(), all.size() * sizeof(MmvqGroup), cudaMemcpyHostToDevice));
+    const MmvqGroup* dgu = d_groups;
+    const MmvqGroup* ddn = d_groups + 2 * G;
+    // Validation on set 0 (n = 9 and 64: ragged and full groups).
+    if (n == 9 || n == 64) {
+      const auto w = bench::to_host<uint8_t>(pool, set_bytes);
+      std::vector<const uint8_t*> hs;
+      for (int64_t e = 0; e < 3 * kExperts; ++e) hs.push_back(w.data() + (tab[e] - pool));
+      const auto hx = bench::to_host<BlockQ8_1>(xq, n * kDim / 32);
+      const auto hh = bench::to_host<BlockQ8_1>(hq, kExperts * n * kInter / 32);
+      const int64_t ny = kExperts * 128 * 2;
+      std::vector<float> want_gu(static_cast<size_t>(ny * kInter), 0.0f),
+          want_d(static_cast<size_t>(kExperts * n * kDim), 0.0f);
+      emu::mmvq_groups(GgmlType::kQ2K, hs.data(), gr.gu.data(), 2 * G, hx.data(), want_gu.data(),
+                       kInter, kDim);
+      emu::mmvq_groups(GgmlType::kQ3K, hs.data(), gr.down.data(), G, hh.data(), want_d.data(), kDim,
+                       kInter);
+      for (int k = 0; k < 2; ++k) {
+        const std::string tag = (k == 0 ? " mmvq n=" : " mmq n=") + std::to_string(n);
+        MOECHECK_CUDA_CHECK(cudaMemset(y, 0, want_gu.size() * sizeof(float)));
+        if (k == 0) {
+          cuda::mmvq_groups(GgmlType::kQ2K, d_tab, dgu, 2 * G, 8, xq, y, kInter, kDim, 8, s);
+        } else {
+          cuda::mmq_groups(GgmlType::kQ2K, d_tab, dgu, G, 2, G, xq, y, kInter, kDim, s);
+        }
+        MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+        bench::require_emu_bits("gate+up Q2_K" + tag, y, want_gu);
+        if (k == 0) cuda::mmvq_groups(GgmlType::kQ3K, d_tab, ddn, G, 8, hq, y, kDim, kInter, 8, s);
+        else cuda::mmq_groups(GgmlType::kQ3K, d_tab, ddn, G, 1, G, hq, y, kDim, kInter, s);
+        MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+        bench::require_emu_bits("down Q3_K" + tag, y, want_d);
+      }
+    }
+    auto table = [&](int i) { return d_tab + (i % kSets) * 3 * kExperts; };
+    const int reps = 2 * kSets;
+    const double gu_bytes = 2.0 * kExperts * gstride, d_bytes = 1.0 * kExperts * dstride;
+    const double macs = static_cast<double>(kExperts * n) * kDim * kInter;
+    auto add = [&](const std::string& what, double us, double bytes, double mac) {
+      rows.push_back({what, n, us, bytes / us * 1e-3, bytes / us * 1e-3 / copy, mac / us * 1e-6});
+    };
+    add("gate+up Q2_K, MMVQ (dp4a, 8 warps)",
+        graph_us(
+            [&](int i, cudaStream_t st) {
+              cuda::mmvq_groups(GgmlType::kQ2K, table(i), dgu, 2 * G, 8, xq, y, kInter, kDim, 8,
+                                st);
+            },
+            reps, s),
+        gu_bytes, 2 * macs);
+    add("gate+up Q2_K, MMQ",
+        graph_us(
+            [&](int i, cudaStream_t st) {
+              cuda::mmq_groups(GgmlType::kQ2K, table(i), dgu, G, 2, G, xq, y, kInter, kDim, st);
+            },
+            reps, s),
+        gu_bytes, 2 * macs);
+    add("down Q3_K, MMVQ (dp4a, 8 warps)",
+        graph_us(
+            [&](int i, cudaStream_t st) {
+              cuda::mmvq_groups(GgmlType::kQ3K, table(i), ddn, G, 8, hq, y, kDim, kInter, 8, st);
+            },
+            reps, s),
+        d_bytes, macs);
+    add("down Q3_K, MMQ",
+        graph_us(
+            [&](int i, cudaStream_t st) {
+              cuda::mmq_groups(GgmlType::kQ3K, table(i), ddn, G, 1, G, hq, y, kDim, kInter, st);
+            },
+            reps, s),
+        d_bytes, macs);
+  }
+  std::printf(
+      "\n| kernel | rows per expert | us | weight GB/s | of copy | int8 TMAC/s |\n"
+      "|---|---|---|---|---|---|\n");
+  for (const Row& r : rows)
+    std::printf("| %s | %lld | %.1f | %.0f | %.0f%% | %.2f |\n", r.what.c_str(),
+                static_cast<long long>(r.n), r.us, r.gbs, 100.0 * r.frac, r.tops);
+  std::printf("(%lld experts per launch; copy %.0f GB/s)\n", static_cast<long long>(kExperts),
+              copy);
+  return 0;
+}

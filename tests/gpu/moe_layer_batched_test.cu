@@ -1,0 +1,116 @@
+// The batched layer (T > 8): cuda::MoeLayer vs emu::MoeLayer bitwise in the output and every
+// LayerTaps stage, each forward twice, at T = 9, 16, 63, 64, 65 and seeded random T, at the
+// tiny, small and ds41 presets; the host and the device route; MMVQ for experts with at most 8
+// pairs and MMQ above (the default), every expert through MMQ (mmvq_max_rows 0) and none
+// (mmvq_max_rows 8 at T <= 8 is the T = 1..8 suite); skewed routing (one expert picked by every
+// token: a group run of T rows; most experts with no token) and the K-quant shared expert on
+// MMQ. Contract: docs/numerics.md "mmvq_q2k, mmvq_q3k" (MMQ keeps MMVQ's bits).
+#include "core/error.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/moe_layer_check.h"
+
+namespace moecheck {
+namespace {
+
+using gputest::run_layer;
+using gputest::Variant;
+
+constexpr auto kHost = RoutePlace::kHost;
+constexpr auto kDevice = RoutePlace::kDevice;
+
+std::vector<Variant> batched_variants() {
+  return {{8, RouterVariant::kStaged, true, false, kHost},
+          {4, RouterVariant::kPlain, false, true, kHost, 0},
+          {8, RouterVariant::kStaged, true, false, kDevice},
+          {2, RouterVariant::kPlain, false, true, kDevice, 0},
+          {8, RouterVariant::kStaged, true, true, kDevice, 3}};
+}
+
+// T = 9, 16, 63, 64, 65 and two seeded random T in [9, 200].
+std::vector<int64_t> batched_tokens(uint64_t seed) {
+  std::vector<int64_t> Ts = {9, 16, 63, 64, 65};
+  for (int i = 0; i < 2; ++i)
+    Ts.push_back(9 + static_cast<int64_t>((seed * 2654435761u + i * 97) % 192));
+  return Ts;
+}
+
+TEST(CudaMoeLayerBatched, Tiny_T9_16_63_64_65_Random_MmvqAndMmq) {
+  MOECHECK_REQUIRE_GPU();
+  run_layer(preset_options("tiny"), batched_tokens(11), batched_variants(), 1100);
+}
+
+TEST(CudaMoeLayerBatched, Small_T9_16_63_64_65_Random_MmvqAndMmq) {
+  MOECHECK_REQUIRE_GPU();
+  run_layer(preset_options("small"), batched_tokens(12), batched_variants(), 1200);
+}
+
+TEST(CudaMoeLayerBatched, Tiny_KQuantShared_OnMmq) {
+  MOECHECK_REQUIRE_GPU();
+  GenOptions o = preset_options("tiny");
+  o.shared = SharedExpertType::kKQuant;
+  run_layer(o, {9, 64, 65}, batched_variants(), 1300);
+}
+
+TEST(CudaMoeLayerBatched, ImageMask_Small_T16_65) {
+  MOECHECK_REQUIRE_GPU();
+  run_layer(preset_options("small"), {16, 65}, batched_variants(), 1400, true);
+}
+
+// One expert picked by every token (its bias 1000 above the rest: a run of T pair rows, one
+// MMQ group of 8 after another), the rest of the picks spread; most experts get no token.
+TEST(CudaMoeLayerBatched, Skewed_OneExpertTakesEveryToken_Tiny_Small) {
+  MOECHECK_REQUIRE_GPU();
+  for (const char* preset : {"tiny", "small"}) {
+    const GenOptions o = preset_options(preset);
+    LayerWeights w = generate_layer(o, 0);
+    std::vector<float> bias(w.bias, w.bias + w.config.n_routed);
+    bias[5] += 1000.0f;
+    w.bias = bias.data();
+    gputest::run_layer_weights(w, o, {9, 64, 65, 130}, batched_variants(), 1500);
+  }
+}
+
+TEST(CudaMoeLayerBatched, Ds41_T9_16_63_64_65_HostAndDeviceRoute) {
+  MOECHECK_REQUIRE_GPU();
+  run_layer(preset_options("ds41"), {9, 16, 63, 64, 65},
+            {{8, RouterVariant::kStaged, true, false, kHost},
+             {8, RouterVariant::kStaged, true, true, kDevice},
+             {4, RouterVariant::kStaged, false, false, kDevice, 0}},
+            1600);
+}
+
+// max_tokens: buffers allocated at construction; T up to it runs (equal to the emulation), a
+// larger T is refused by name on both forwards.
+TEST(CudaMoeLayerBatched, MaxTokens_UpToItRuns_LargerRefused) {
+  MOECHECK_REQUIRE_GPU();
+  const GenOptions o = preset_options("tiny");
+  const LayerWeights w = generate_layer(o, 0);
+  cuda::LayerOptions co;
+  co.max_tokens = 24;
+  co.route = kDevice;
+  cuda::MoeLayer layer(w, co);
+  const emu::MoeLayer ref(w, {});
+  const auto x = generate_input(1800, 25, o.config.dim);
+  for (int64_t T : {24, 9, 1}) {
+    const std::string r = gputest::repro(1800, "T=" + std::to_string(T) + " max_tokens 24");
+    ASSERT_TRUE(gputest::same_u16("output", layer.forward(x.data(), T), ref.forward(x.data(), T),
+                                  o.config.dim, r));
+  }
+  EXPECT_THROW(layer.forward(x.data(), 25), InputError);
+  EXPECT_THROW(layer.graph_forward(25), InputError);
+  co.max_tokens = -1;
+  EXPECT_THROW(cuda::MoeLayer(w, co), InputError);
+}
+
+TEST(CudaMoeLayerBatched, BadMmvqMaxRowsThrows) {
+  MOECHECK_REQUIRE_GPU();
+  const LayerWeights w = generate_layer(preset_options("tiny"), 0);
+  for (int bad : {-1, 9}) {
+    cuda::LayerOptions co;
+    co.mmvq_max_rows = bad;
+    EXPECT_THROW(cuda::MoeLayer(w, co), InputError) << "mmvq_max_rows=" << bad;
+  }
+}
+
+}  // namespace
+}  // namespace moecheck
