@@ -2,10 +2,13 @@
 // schedule of cuda/gemv_plain.cuh. Contract: docs/numerics.md "bf16_gemv"; twin:
 // emu::bf16_gemv (emulate/bf16_gemv.h). Loads: one 16-byte load per chunk per lane (a warp
 // reads 512 contiguous bytes of a row), four chunks in flight before the first use (one token:
-// the lane's whole row); the loads never change the arithmetic order.
+// the lane's whole row); the loads never change the arithmetic order. bf16_gemv and
+// bf16_gemv_pair with more than kMaxGroupRows tokens run the GEMM of cuda/bf16_gemm.cu instead
+// (same bits; the plain router keeps this kernel at every T).
 #include <string>
 
 #include "core/error.h"
+#include "cuda/bf16_gemm.cuh"
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
 #include "cuda/gemv_plain.cuh"
@@ -115,20 +118,26 @@ void launch_gemv_typed(const GemvArgs& a, int n_mat, dim3 grid, void* stream) {
   MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* stream, bool f16_w) {
+// The shape and alignment checks of both launches; false when there is nothing to compute.
+bool check_gemv_args(const GemvArgs& a, int n_mat, const char* op, bool gemm) {
   const std::string where = std::string("cuda::") + op + ": ";
   if (a.rows < 0 || a.T < 0 || a.K <= 0 || a.K % kGemvChunk != 0)
     throw InputError(where + "need rows >= 0, T >= 0 and K a positive multiple of 8, found rows=" +
                      std::to_string(a.rows) + " K=" + std::to_string(a.K) +
                      " T=" + std::to_string(a.T));
-  if ((a.T + kMaxGroupRows - 1) / kMaxGroupRows > 65535)
+  if (!gemm && (a.T + kMaxGroupRows - 1) / kMaxGroupRows > 65535)
     throw InputError(where + "T=" + std::to_string(a.T) + " exceeds 65535 groups of 8 tokens");
-  if (a.rows == 0 || a.T == 0) return;
+  if (a.rows == 0 || a.T == 0) return false;
   for (int m = 0; m < n_mat; ++m) {
     require_aligned(a.w[m], 16, op, "w");
     require_aligned(a.y[m], 4, op, "y");
   }
   require_aligned(a.x, 16, op, "x");
+  return true;
+}
+
+void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* stream, bool f16_w) {
+  if (!check_gemv_args(a, n_mat, op, false)) return;
   const dim3 grid(static_cast<unsigned>((a.rows + kGemvPlainWarps - 1) / kGemvPlainWarps),
                   static_cast<unsigned>((a.T + kMaxGroupRows - 1) / kMaxGroupRows),
                   static_cast<unsigned>(n_mat));
@@ -136,18 +145,27 @@ void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* strea
   else launch_gemv_typed<false>(a, n_mat, grid, stream);
 }
 
+// bf16_gemv / bf16_gemv_pair: the GEMM above kMaxGroupRows tokens, the GEMV otherwise.
+void launch_bf16(const GemvArgs& a, int n_mat, const char* op, void* stream) {
+  if (!use_bf16_gemm(a.T)) {
+    launch_gemv_plain(a, n_mat, op, stream, false);
+    return;
+  }
+  if (check_gemv_args(a, n_mat, op, true)) launch_bf16_gemm(a, n_mat, op, stream);
+}
+
 }  // namespace detail
 
 void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K, int64_t T,
                void* stream) {
   const detail::GemvArgs a{{w, w}, {y, y}, x, rows, K, T};
-  detail::launch_gemv_plain(a, 1, "bf16_gemv", stream, false);
+  detail::launch_bf16(a, 1, "bf16_gemv", stream);
 }
 
 void bf16_gemv_pair(const uint16_t* w0, const uint16_t* w1, const uint16_t* x, float* y0, float* y1,
                     int64_t rows, int64_t K, int64_t T, void* stream) {
   const detail::GemvArgs a{{w0, w1}, {y0, y1}, x, rows, K, T};
-  detail::launch_gemv_plain(a, 2, "bf16_gemv_pair", stream, false);
+  detail::launch_bf16(a, 2, "bf16_gemv_pair", stream);
 }
 
 }  // namespace moecheck::cuda

@@ -17,7 +17,8 @@ namespace moecheck::cuda {
 // ---- router_gemv, bf16_gemv (cuda/router_gemv.cu, cuda/bf16_gemv.cu) ----
 // w [rows, K] (router_gemv: BF16 or F16 by w_type; bf16_gemv: bf16), x bf16 [T, K], y f32
 // [T, rows]. K a positive multiple of 8 (kGemvChunk); w and x 16-byte aligned. Any T (launched in
-// groups of kMaxGroupRows tokens; no bit depends on the grouping).
+// groups of kMaxGroupRows tokens; bf16_gemv and bf16_gemv_pair above kMaxGroupRows tokens as a
+// GEMM, cuda/bf16_gemm.cu; no bit depends on the grouping or the kernel).
 void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y, int64_t rows,
                  int64_t K, int64_t T, void* stream, GgmlType w_type = GgmlType::kBF16);
 void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K, int64_t T,

@@ -1,6 +1,11 @@
 // cuda::bf16_gemv and cuda::bf16_gemv_pair vs emu::bf16_gemv / emu::bf16_gemv_pair, bitwise:
 // >= 100 seeded cases (tests/gpu/gemv_cases.h), each launch twice; the pair at the ds41 shared
-// expert's shape. Contract: docs/numerics.md "bf16_gemv".
+// expert's shape; above 8 tokens the GEMM form (cuda/bf16_gemm.cu) at T = 9 .. 512 on tiny
+// ragged shapes and both ds41 shared-expert shapes, with NaN, Inf, subnormal and overflowing
+// values. Contract: docs/numerics.md "bf16_gemv".
+#include <algorithm>
+#include <thread>
+
 #include "cuda/kernels.h"
 #include "emulate/bf16_gemv.h"
 #include "tests/gpu/gemv_cases.h"
@@ -59,6 +64,107 @@ TEST(Bf16Gemv, PairEqualsEmu_Ds41Shared_T1_T8) {
     const std::string r = gputest::repro(77 + T, "T=" + std::to_string(T));
     ASSERT_TRUE(same_f32("shared gate", y0.host(), want0, rows, r));
     ASSERT_TRUE(same_f32("shared up", y1.host(), want1, rows, r));
+  }
+}
+
+// ---- the GEMM form (T > 8) ----
+
+const int64_t kGemmTs[] = {9, 16, 63, 64, 65, 512};
+
+// Seeded weights and tokens; kind = seed % 4 adds adversarial values: 1 subnormal bf16 in w and
+// x, 2 NaN and +-Inf (one token's NaN, an Inf weight, a -Inf activation), 3 magnitudes near the
+// bf16 maximum (products and partial sums overflowing to Inf).
+void gemm_values(uint64_t seed, int64_t rows, int64_t K, int64_t T, std::vector<uint16_t>& w,
+                 std::vector<uint16_t>& x) {
+  emutest::Gen g(seed);
+  w = g.bf16(rows * K, 0.05);
+  x = g.bf16(T * K, 1.0);
+  auto sub = [&] { return static_cast<uint16_t>((g.u32() & 0x8000u) | (1 + g.u32() % 0x7F)); };
+  switch (seed % 4) {
+    case 1:
+      for (size_t i = 0; i < w.size(); i += 5) w[i] = sub();
+      for (size_t i = 2; i < x.size(); i += 9) x[i] = sub();
+      break;
+    case 2:
+      x[(T / 2) * K + g.u32() % K] = 0x7FC1;     // NaN (payload): a whole token NaN
+      w[(rows - 1) * K + g.u32() % K] = 0x7F80;  // +Inf weight: the last row Inf or NaN
+      x[g.u32() % K] = 0xFF80;                   // -Inf in token 0
+      break;
+    case 3:
+      for (size_t i = 0; i < x.size(); i += 7)
+        x[i] = static_cast<uint16_t>((g.u32() & 0x8000u) | 0x7F00u | (g.u32() & 0x7Fu));
+      for (size_t i = 3; i < w.size(); i += 11)
+        w[i] = static_cast<uint16_t>((g.u32() & 0x8000u) | 0x7E00u | (g.u32() & 0xFFu));
+      break;
+    default: break;
+  }
+}
+
+// emu::bf16_gemv over row slices on every host thread (each output depends on its row and
+// token only), y [T, rows].
+std::vector<float> emu_gemv_threaded(const std::vector<uint16_t>& w, const std::vector<uint16_t>& x,
+                                     int64_t rows, int64_t K, int64_t T) {
+  std::vector<float> y(static_cast<size_t>(T * rows));
+  const int64_t n =
+      std::max<int64_t>(1, std::min<int64_t>(rows, std::thread::hardware_concurrency()));
+  const int64_t per = (rows + n - 1) / n;
+  std::vector<std::thread> th;
+  for (int64_t r0 = 0; r0 < rows; r0 += per) {
+    th.emplace_back([&, r0] {
+      const int64_t nr = std::min(per, rows - r0);
+      std::vector<float> part(static_cast<size_t>(T * nr));
+      emu::bf16_gemv(w.data() + r0 * K, x.data(), part.data(), nr, K, T);
+      for (int64_t t = 0; t < T; ++t)
+        std::copy_n(part.begin() + t * nr, nr, y.begin() + t * rows + r0);
+    });
+  }
+  for (auto& t : th) t.join();
+  return y;
+}
+
+// bf16_gemv (pair = false) or bf16_gemv_pair (pair = true; the second matrix from seed + 1000)
+// at [rows, K] x T tokens against the emulation, bitwise, output poisoned first.
+void check_gemm(uint64_t seed, int64_t rows, int64_t K, int64_t T, bool pair) {
+  std::vector<uint16_t> w0, w1, x, x_unused;
+  gemm_values(seed, rows, K, T, w0, x);
+  if (pair) gemm_values(seed + 1000, rows, K, T, w1, x_unused);
+  const std::string r =
+      gputest::repro(seed, std::string(pair ? "pair " : "") + "rows=" + std::to_string(rows) +
+                               " K=" + std::to_string(K) + " T=" + std::to_string(T));
+  DevArray<uint16_t> d0(w0), d1(pair ? w1 : w0), dx(x);
+  DevArray<float> y0(static_cast<size_t>(T * rows)), y1(static_cast<size_t>(T * rows));
+  y0.poison();
+  y1.poison();
+  if (pair)
+    cuda::bf16_gemv_pair(d0.get(), d1.get(), dx.get(), y0.get(), y1.get(), rows, K, T, nullptr);
+  else cuda::bf16_gemv(d0.get(), dx.get(), y0.get(), rows, K, T, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << r;
+  ASSERT_TRUE(same_f32(pair ? "gemm y0" : "gemm y", y0.host(), emu_gemv_threaded(w0, x, rows, K, T),
+                       rows, r));
+  if (pair)
+    ASSERT_TRUE(same_f32("gemm y1", y1.host(), emu_gemv_threaded(w1, x, rows, K, T), rows, r));
+}
+
+// Shapes that are no multiple of the tile (32 rows x 16 tokens x 256 values): rows 40, K 72
+// (one partial slab); rows 33, K 264 (a second slab of one chunk); rows 7, K 8 (one chunk, one
+// partial warp tile); every adversarial kind at every T.
+TEST(Bf16Gemm, EqualsEmu_TinyShapes) {
+  MOECHECK_REQUIRE_GPU();
+  const int64_t shapes[][2] = {{40, 72}, {33, 264}, {7, 8}, {70, 3200}};
+  uint64_t seed = 5000;
+  for (const auto& sh : shapes)
+    for (int64_t T : kGemmTs)
+      for (int kind = 0; kind < 4; ++kind, ++seed)
+        ASSERT_NO_FATAL_FAILURE(check_gemm(seed, sh[0], sh[1], T, kind % 2 == 1));
+}
+
+// The ds41 shared expert: gate / up [2304, 5120] as the pair, down [5120, 2304] alone.
+TEST(Bf16Gemm, EqualsEmu_Ds41Shapes) {
+  MOECHECK_REQUIRE_GPU();
+  uint64_t seed = 6000;
+  for (int64_t T : kGemmTs) {
+    ASSERT_NO_FATAL_FAILURE(check_gemm(seed++, 2304, 5120, T, true));
+    ASSERT_NO_FATAL_FAILURE(check_gemm(seed++, 5120, 2304, T, false));
   }
 }
 
