@@ -114,6 +114,9 @@ inline void run_layer_weights(const LayerWeights& w, const GenOptions& o,
     layers.push_back(std::make_unique<cuda::MoeLayer>(w, co));
   }
   for (RouterVariant rv : {RouterVariant::kPlain, RouterVariant::kStaged}) {
+    bool used = false;  // no emulation for a router variant no CUDA variant runs
+    for (const Variant& v : variants) used |= v.router == rv;
+    if (!used) continue;
     emu::LayerOptions eo;
     eo.router = rv;
     const emu::MoeLayer ref(w, eo);
