@@ -107,28 +107,29 @@ __device__ __forceinline__ void cp_async16(uint8_t* dst, const void* src) {
 // 4r .. 4r + nsb_r - 1, per token its q8_1 blocks 32r .. 32r + 8 nsb_r - 1.
 template <bool kQ2K, bool kCheck>
 __device__ void load_round(const MmqArgs& p, const Item& m, int r, int nsb, uint8_t* st) {
+  static_assert(kThreads == 4 * kTileRows && kThreads == kWarpSize * kMaxGroupRows,
+                "four threads per weight row, one warp per token");
   const int nsb_r = nsb - kSbPerRound * r < kSbPerRound ? nsb - kSbPerRound * r : kSbPerRound;
-  const int64_t row_bytes = static_cast<int64_t>(nsb) * Q<kQ2K>::kBlock;
-  const int len = nsb_r * Q<kQ2K>::kBlock;
-  for (int i = threadIdx.x; i < kTileRows * 32; i += kThreads) {
-    const int row = i / 32, ch = i % 32;
-    if (kCheck && m.row0 + row >= p.rows) continue;
-    const uint8_t* src =
-        m.w + (m.row0 + row) * row_bytes + static_cast<int64_t>(r) * kSbPerRound * Q<kQ2K>::kBlock;
-    const uintptr_t a16 = reinterpret_cast<uintptr_t>(src) & ~uintptr_t{15};
-    const int chunks = static_cast<int>((reinterpret_cast<uintptr_t>(src) + len - a16 + 15) / 16);
-    if (ch < chunks)
-      cp_async16(st + row * Q<kQ2K>::kStride + 16 * ch,
-                 reinterpret_cast<const void*>(a16 + 16 * ch));
+  const int row = threadIdx.x / 4;
+  if (!kCheck || m.row0 + row < p.rows) {
+    const int64_t row_bytes = static_cast<int64_t>(nsb) * Q<kQ2K>::kBlock;
+    const uintptr_t src = reinterpret_cast<uintptr_t>(m.w) +
+                          static_cast<uintptr_t>((m.row0 + row) * row_bytes) +
+                          static_cast<uintptr_t>(r * kSbPerRound * Q<kQ2K>::kBlock);
+    const uintptr_t a16 = src & ~uintptr_t{15};
+    const int chunks = static_cast<int>((src + nsb_r * Q<kQ2K>::kBlock - a16 + 15) / 16);
+    uint8_t* dst = st + row * Q<kQ2K>::kStride;
+    for (int ch = threadIdx.x % 4; ch < chunks; ch += 4)
+      cp_async16(dst + 16 * ch, reinterpret_cast<const void*>(a16 + 16 * ch));
   }
-  const int units = p.K / kQK8_1, chunks = nsb_r * 18;  // 8 blocks of 36 bytes = 18 chunks
-  uint8_t* act = st + Q<kQ2K>::kWeights;
-  for (int i = threadIdx.x; i < kMaxGroupRows * 72; i += kThreads) {
-    const int t = i / 72, ch = i % 72;
-    if (t >= m.n || ch >= chunks) continue;
+  const int t = threadIdx.x / kWarpSize;
+  if (t < m.n) {
     const int64_t arow = m.a_row != nullptr ? m.a_row[t] : m.t0 + t;
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(p.a + arow * units + 32 * r);
-    cp_async16(act + t * kActStride + 16 * ch, src + 16 * ch);
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(p.a + arow * (p.K / kQK8_1) + 32 * r);
+    uint8_t* dst = st + Q<kQ2K>::kWeights + t * kActStride;
+    const int chunks = nsb_r * 18;  // 8 blocks of 36 bytes per super-block: 18 chunks
+    for (int ch = threadIdx.x % kWarpSize; ch < chunks; ch += kWarpSize)
+      cp_async16(dst + 16 * ch, src + 16 * ch);
   }
   asm volatile("cp.async.commit_group;");
 }
@@ -166,7 +167,7 @@ __device__ __forceinline__ void compute_round(const Item& m, int r, int nsb, con
       b1[bb] = *reinterpret_cast<const uint32_t*>(blk + 20 + 4 * c);
 #pragma unroll
       for (int j = 0; j < 2; ++j)
-        d8[bb][j] = f16_bits_to_f32(lds_u16(act, (2 * c + j) * kActStride + 36 * u));
+        d8[bb][j] = f16_operand(lds_u16(act, (2 * c + j) * kActStride + 36 * u));
     }
 #pragma unroll
     for (int tl = 0; tl < kTiles; ++tl) {

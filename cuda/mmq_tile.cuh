@@ -12,10 +12,15 @@
 //   B = m[j0] a0 + m[j1] a1.
 // - Q3_K: scale * quant reaches 128 (s = -32, q = -4), one past s8, so two k16 mmas give p0 and
 //   p1 (quants in [-4, 3], s8) and A = s[j0] p0 + s[j1] p1 is formed in int32.
+// f16 scales (d, dmin, d8) widen by the hardware conversion: exact for every number; a NaN's
+// payload may differ from numfmt's rule, but these values only enter fma_rn / mul_rn, whose NaN
+// result is the canonical 0x7FFFFFFF on both sides (numerics.md "Conventions").
 // float(A), float(B): |A| < 2^22, so the float with bits 0x4B400000 + A is 1.5 * 2^23 + A
 // exactly and subtracting 1.5 * 2^23 gives A exactly (the same value as a conversion
 // instruction, at full rate).
 #pragma once
+
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -41,6 +46,10 @@ __device__ __forceinline__ void mma_k16_s8s8(int (&d)[4], uint32_t a0, uint32_t 
       "{%0,%1,%2,%3};"
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
       : "r"(a0), "r"(a1), "r"(b0));
+}
+
+__device__ __forceinline__ float f16_operand(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
 }
 
 // float(v) for |v| < 2^22, exact (see the header).
@@ -81,8 +90,8 @@ __device__ __forceinline__ RowSb row_sb(const uint8_t* s, int blk, int wc, int c
       r.sc[i] = static_cast<int>((scw >> (8 * i)) & 0xF);
       r.mn[i] = static_cast<int>((scw >> (8 * i + 4)) & 0xF);
     }
-    r.d = f16_bits_to_f32(static_cast<uint16_t>(dd & 0xFFFF));
-    r.dmin = f16_bits_to_f32(static_cast<uint16_t>(dd >> 16));
+    r.d = f16_operand(static_cast<uint16_t>(dd & 0xFFFF));
+    r.dmin = f16_operand(static_cast<uint16_t>(dd >> 16));
     r.h[0] = r.h[1] = 0;
   } else {  // hmask[32] | qs[64] @32 | scales[12] @96 | d @108; blocks 2-byte aligned
     r.h[0] = lds_u32(s, blk + 4 * c);
@@ -99,7 +108,7 @@ __device__ __forceinline__ RowSb row_sb(const uint8_t* s, int blk, int wc, int c
       r.sc[i] = static_cast<int>(((lo >> (8 * i)) & 0xF) | (((hi >> (8 * i)) & 3) << 4)) - 32;
       r.mn[i] = 0;
     }
-    r.d = f16_bits_to_f32(lds_u16(s, blk + 108));
+    r.d = f16_operand(lds_u16(s, blk + 108));
     r.dmin = 0.0f;
   }
   return r;

@@ -400,6 +400,52 @@ Row run_tokens(Ctx& k, int64_t T, double& emu_per_token_s) {
   return r;
 }
 
+// The MMVQ / MMQ split (cuda::LayerOptions::mmvq_max_rows: experts with at most that many pairs
+// on MMVQ) swept at every T: device-route graph replays (events), each output first required
+// bitwise equal to the default layer's (no bit depends on the split; exit 1 if one does).
+void sweep_split(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<int64_t>& Ts) {
+  const int settings[] = {8, 4, 2, 1, 0};
+  std::vector<std::vector<double>> us;
+  for (const int mr : settings) {
+    cuda::LayerOptions lo;
+    lo.route = RoutePlace::kDevice;
+    lo.mmvq_max_rows = mr;
+    cuda::MoeLayer layer(w, lo);
+    std::vector<double> row;
+    for (const int64_t T : Ts) {
+      const std::vector<uint16_t> x =
+          generate_input(static_cast<uint64_t>(3000 + T), T, w.config.dim);
+      const size_t n = static_cast<size_t>(T * w.config.dim);
+      std::vector<uint16_t> got, want;
+      for (cuda::MoeLayer* l : {&layer, &dev}) {
+        MOECHECK_CUDA_CHECK(
+            cudaMemcpy(l->device_input(T), x.data(), n * 2, cudaMemcpyHostToDevice));
+        l->graph_forward(T, nullptr);
+        MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
+        (l == &layer ? got : want) = bench::to_host<uint16_t>(l->device_output(), n);
+      }
+      if (got != want) {
+        std::fprintf(stderr, "bench: mmvq_max_rows=%d changes the output at T=%lld\n", mr,
+                     static_cast<long long>(T));
+        std::exit(1);
+      }
+      row.push_back(
+          1e3 * bench::time_ms([&] { layer.graph_forward(T, nullptr); }, 2, reps_for(T), nullptr));
+    }
+    us.push_back(row);
+    std::printf("split mmvq_max_rows=%d: outputs equal to the default's at every T\n", mr);
+  }
+  std::printf(
+      "\n### batched_bench: the MMVQ / MMQ split (device route, graph replay, us)\n\n| T |");
+  for (const int mr : settings) std::printf(" mmvq_max_rows %d |", mr);
+  std::printf("\n|---|---|---|---|---|---|\n");
+  for (size_t i = 0; i < Ts.size(); ++i) {
+    std::printf("| %lld |", static_cast<long long>(Ts[i]));
+    for (size_t j = 0; j < us.size(); ++j) std::printf(" %.1f |", us[j][i]);
+    std::printf("\n");
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -434,5 +480,6 @@ int main() {
     }
   }
   print_table(rows, c, copy, base.grouped());
+  sweep_split(w, dev, {16, 64, 512, 4096});
   return rc;
 }
