@@ -68,6 +68,8 @@ TEST_F(CliInput, KnobsTheImplementationIgnoresAreRefused) {
            {"--impl ref --shared-side off",
             "--shared-side off: only the cuda implementation has a shared-side knob"},
            {"--impl emu --shared-side on", "--shared-side on: only the cuda implementation"},
+           {"--impl emu --mmvq-max-rows 0",
+            "--mmvq-max-rows 0: only the cuda implementation has a mmvq-max-rows knob"},
            {"--impl emu --precision exact",
             "--precision exact: only the ref implementation has a precision knob; --impl emu "
             "would ignore it"}}) {

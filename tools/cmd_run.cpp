@@ -32,6 +32,7 @@ struct RunArgs {
   std::string router = "staged";
   int warps = 8;
   std::string shared_side = "on";
+  int mmvq_max_rows = 8;
   bool json = false;
   bool hash_file = false;
   bool adversarial = false;
@@ -49,7 +50,7 @@ int64_t image_token_count(const LayerTaps& t) {
 // Which of the knob flags were given (a knob the implementation does not have is refused).
 struct RunGiven {
   CLI::Option *seed = nullptr, *route = nullptr, *precision = nullptr, *router = nullptr,
-              *warps = nullptr, *shared_side = nullptr;
+              *warps = nullptr, *shared_side = nullptr, *mmvq_max_rows = nullptr;
 };
 
 // Every knob flag given for an implementation that does not have it is refused (it would be
@@ -65,6 +66,9 @@ void refuse_foreign_knobs(const RunArgs& a, Impl impl, const RunGiven& g) {
     refuse_knob("--warps", std::to_string(a.warps), "emu and cuda", "expert-warps", chosen);
   if (g.shared_side->count() > 0 && impl != Impl::kCuda)
     refuse_knob("--shared-side", a.shared_side, "cuda", "shared-side", chosen);
+  if (g.mmvq_max_rows->count() > 0 && impl != Impl::kCuda)
+    refuse_knob("--mmvq-max-rows", std::to_string(a.mmvq_max_rows), "cuda", "mmvq-max-rows",
+                chosen);
   if (g.route->count() > 0 && impl != Impl::kCuda)
     throw InputError("--route " + a.route + ": only the cuda implementation has a route knob (" +
                      "where its top-k selection runs); --impl " + a.impl + " would ignore it");
@@ -111,6 +115,7 @@ int run_run(const RunArgs& a, const RunGiven& g) {
   spec.knobs.router = a.router == "plain" ? RouterVariant::kPlain : RouterVariant::kStaged;
   spec.knobs.expert_warps = a.warps;
   spec.knobs.shared_side_stream = a.shared_side == "on";
+  spec.knobs.mmvq_max_rows = a.mmvq_max_rows;
   spec.knobs.route = parse_route_place(a.route, "--route");
   if (!a.layers.empty()) spec.layers = parse_layer_list(a.layers);
   spec.tokens = a.tokens;
@@ -212,6 +217,12 @@ void add_run(CLI::App& app, int& rc) {
                                 "cuda: shared expert on a side stream on | off")
                       ->check(CLI::IsMember({"on", "off"}))
                       ->capture_default_str();
+  g.mmvq_max_rows =
+      s->add_option("--mmvq-max-rows", a->mmvq_max_rows,
+                    "cuda: experts with at most this many token rows on MMVQ, the rest on MMQ, "
+                    "0..8 (0: every expert on MMQ; no bit depends on it)")
+          ->check(CLI::Range(0, 8))
+          ->capture_default_str();
   g.route =
       s->add_option("--route", a->route,
                     "cuda: where the top-k selection runs, host | device (no bit depends on it)")

@@ -170,6 +170,7 @@ std::vector<uint16_t> forward_one(const RunSpec& spec, const LayerWeights& w,
       o.expert_warps = spec.knobs.expert_warps;
       o.shared_side_stream = spec.knobs.shared_side_stream;
       o.route = spec.knobs.route;
+      o.mmvq_max_rows = spec.knobs.mmvq_max_rows;
       moecheck::cuda::MoeLayer layer(w, o);
       return layer.forward(x.data(), T, taps, nullptr, image_mask);
 #else
@@ -202,7 +203,8 @@ DumpMeta make_meta(const LoadedModel& m, const RunSpec& spec) {
       meta.knobs = {{"router", router_name(k.router)},
                     {"expert_warps", std::to_string(k.expert_warps)},
                     {"shared_side_stream", k.shared_side_stream ? "on" : "off"},
-                    {"route", route_place_name(k.route)}};
+                    {"route", route_place_name(k.route)},
+                    {"mmvq_max_rows", std::to_string(k.mmvq_max_rows)}};
 #if defined(MOECHECK_HAVE_CUDA)
       meta.device = moecheck::cuda::device_name(0);
 #else

@@ -35,6 +35,7 @@ struct ImplKnobs {
   RouterVariant router = RouterVariant::kStaged;  // emu, cuda
   int expert_warps = 8;                           // emu, cuda: 2, 4 or 8
   bool shared_side_stream = true;                 // cuda
+  int mmvq_max_rows = 8;                          // cuda: the MMVQ / MMQ split (0..8)
   RoutePlace route = RoutePlace::kHost;           // cuda: where the top-k selection runs
 };
 
