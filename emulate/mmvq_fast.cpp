@@ -156,8 +156,10 @@ bool cpu_has_avx2() {
 #endif
 
 // One (row, token): the integer parts, the unit terms, the lanes' chains and the butterfly.
-float row_token(GgmlType t, const FastRow& w, const BlockQ8_1* a, const FastAct& x, int64_t units,
-                bool avx2, int32_t* A, float* term) {
+// Always inlined, so that row_tokens_avx2 below compiles it with 256-bit integer vectors.
+[[gnu::always_inline]] inline float row_token(GgmlType t, const FastRow& w, const BlockQ8_1* a,
+                                              const FastAct& x, int64_t units, bool avx2,
+                                              int32_t* A, float* term) {
 #if defined(MOECHECK_EMU_AVX2)
   if (avx2) int_parts_avx2(w, a, units, A);
   else int_parts_portable(w, a, units, A);
@@ -177,6 +179,29 @@ float row_token(GgmlType t, const FastRow& w, const BlockQ8_1* a, const FastAct&
     detail::fma_step(lane, x.d8.data() + g0, term + g0, std::min<int64_t>(kWarpSize, units - g0));
   return detail::butterfly0(lane);
 }
+
+// Row r against every token (y[i][r]), the portable build and the AVX2 build of the same code
+// (element-wise IEEE operations: the vector width changes no bit).
+void row_tokens(GgmlType t, const FastRow& w, const BlockQ8_1* const* a, const FastAct* acts,
+                float* const* y, int64_t r, int64_t n, int64_t units, int32_t* A, float* term) {
+  for (int64_t i = 0; i < n; ++i) y[i][r] = row_token(t, w, a[i], acts[i], units, false, A, term);
+}
+
+#if defined(MOECHECK_EMU_AVX2)
+__attribute__((target("avx2,fma"))) void row_tokens_avx2(GgmlType t, const FastRow& w,
+                                                         const BlockQ8_1* const* a,
+                                                         const FastAct* acts, float* const* y,
+                                                         int64_t r, int64_t n, int64_t units,
+                                                         int32_t* A, float* term) {
+  for (int64_t i = 0; i < n; ++i) y[i][r] = row_token(t, w, a[i], acts[i], units, true, A, term);
+}
+#else
+void row_tokens_avx2(GgmlType t, const FastRow& w, const BlockQ8_1* const* a, const FastAct* acts,
+                     float* const* y, int64_t r, int64_t n, int64_t units, int32_t* A,
+                     float* term) {
+  row_tokens(t, w, a, acts, y, r, n, units, A, term);
+}
+#endif
 
 }  // namespace
 
@@ -205,8 +230,8 @@ void mmvq_rows(GgmlType t, const uint8_t* w, int64_t K, const BlockQ8_1* const* 
   for (int64_t r = r0; r < r1; ++r) {
     if (t == GgmlType::kQ2K) decode_q2k(reinterpret_cast<const BlockQ2K*>(w + r * rb), nsb, wr);
     else decode_q3k(reinterpret_cast<const BlockQ3K*>(w + r * rb), nsb, wr);
-    for (int64_t i = 0; i < n; ++i)
-      y[i][r] = row_token(t, wr, a[i], acts[i], units, avx2, A.data(), term.data());
+    if (avx2) row_tokens_avx2(t, wr, a, acts.data(), y, r, n, units, A.data(), term.data());
+    else row_tokens(t, wr, a, acts.data(), y, r, n, units, A.data(), term.data());
   }
 }
 
