@@ -290,31 +290,46 @@ void quantize_block_q3_K(const float* x, BlockQ3K& y) {
 
 // Row decoders: per sub-block dl = d * sc (and ml = dmin * m) hoisted out of the element loop;
 // the same operations as q2k_dequant / q3k_dequant in core/blocks.h, so the same bits.
+// Element e = 128 n + 32 j + l (l < 32, sub-block e / 16 = 8 n + 2 j + l / 16) reads
+// qs[32 n + l] >> 2 j (and for Q3_K hmask[l] >> (4 n + j)); the loops walk (n, j, half l / 16)
+// so that each sub-block's 16 values are one plain loop the compiler vectorises. The same f32
+// operations per element as ggml's dequantize_row_q2_K / q3_K (no contraction).
+// One Q2_K sub-block: out[i] = dl * q_i - ml, q_i = (qs[i] >> shift) & 3.
+void dequantize_q2_16(const uint8_t* __restrict qs, int shift, float dl, float ml,
+                      float* __restrict out) {
+  for (int i = 0; i < 16; ++i) out[i] = dl * static_cast<float>((qs[i] >> shift) & 3) - ml;
+}
+
 void dequantize_block_q2_K(const BlockQ2K& b, float* y) {
   const float d = f16_to_f32(b.d);
   const float dmin = f16_to_f32(b.dmin);
-  for (int sub = 0; sub < kQK_K / 16; ++sub) {
-    const float dl = d * static_cast<float>(b.scales[sub] & 0xF);
-    const float ml = dmin * static_cast<float>(b.scales[sub] >> 4);
-    for (int i = 0; i < 16; ++i) {
-      const int e = 16 * sub + i;
-      const int q = (b.qs[32 * (e >> 7) + (e & 31)] >> (2 * ((e >> 5) & 3))) & 3;
-      y[e] = dl * static_cast<float>(q) - ml;
-    }
-  }
+  for (int n = 0; n < 2; ++n)
+    for (int j = 0; j < 4; ++j)
+      for (int h = 0; h < 2; ++h) {
+        const int sub = 8 * n + 2 * j + h;
+        const float dl = d * static_cast<float>(b.scales[sub] & 0xF);
+        const float ml = dmin * static_cast<float>(b.scales[sub] >> 4);
+        dequantize_q2_16(b.qs + 32 * n + 16 * h, 2 * j, dl, ml, y + 16 * sub);
+      }
 }
 
 void dequantize_block_q3_K(const BlockQ3K& b, float* y) {
   const float d = f16_to_f32(b.d);
-  for (int sub = 0; sub < kQK_K / 16; ++sub) {
-    const float dl = d * static_cast<float>(q3k_scale(b, sub));
-    for (int i = 0; i < 16; ++i) {
-      const int e = 16 * sub + i;
-      const int low = (b.qs[32 * (e >> 7) + (e & 31)] >> (2 * ((e >> 5) & 3))) & 3;
-      const int high = (b.hmask[e & 31] >> (e >> 5)) & 1;
-      y[e] = dl * static_cast<float>(low - (high ? 0 : 4));
-    }
-  }
+  for (int n = 0; n < 2; ++n)
+    for (int j = 0; j < 4; ++j)
+      for (int h = 0; h < 2; ++h) {
+        const int sub = 8 * n + 2 * j + h;
+        const float dl = d * static_cast<float>(q3k_scale(b, sub));
+        const uint8_t* qs = b.qs + 32 * n + 16 * h;
+        const uint8_t* hm = b.hmask + 16 * h;
+        const int bit = 4 * n + j;  // (e >> 5)
+        float* out = y + 16 * sub;
+        for (int i = 0; i < 16; ++i) {
+          const int low = (qs[i] >> (2 * j)) & 3;
+          const int high = (hm[i] >> bit) & 1;
+          out[i] = dl * static_cast<float>(low - 4 + 4 * high);
+        }
+      }
 }
 
 }  // namespace

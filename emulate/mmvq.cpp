@@ -1,8 +1,9 @@
 // Emulation twin of MMVQ for Q2_K and Q3_K: per unit (one q8_1 block, two weight sub-blocks)
 // the exact integer part and the two or three rounded float operations, then per lane the fma
 // chain over units l, l + 32, ... and the butterfly. Contract: docs/numerics.md "mmvq_q2k,
-// mmvq_q3k". For speed each weight row is decoded once (quants, scales) and reused for every
-// token, and each activation block's half sums are computed once; neither changes a bit.
+// mmvq_q3k". mmvq, mmvq_groups and mmvq_experts run the fast path of emulate/mmvq_fast.h; this
+// file keeps the straightforward per-group form (mmvq_groups_plain: each weight row decoded per
+// group, one (row, token) at a time) as the oracle the fast path is tested against.
 #include "emulate/mmvq.h"
 
 #include <string>
@@ -13,6 +14,7 @@
 #include "core/numfmt.h"
 #include "core/portable_math.h"
 #include "core/schedule.h"
+#include "emulate/mmvq_fast.h"
 
 namespace moecheck::emu {
 
@@ -124,6 +126,20 @@ void check_args(GgmlType t, int64_t rows, int64_t K, int64_t T, const char* what
   }
 }
 
+// check_args, the row range and every group's row count, before anything is computed.
+void check_group_args(GgmlType t, const MmvqGroup* groups, int64_t n_groups, int64_t rows,
+                      int64_t K, int64_t r0, int64_t r1, const char* what) {
+  check_args(t, rows, K, n_groups, what);
+  if (r1 < 0) r1 = rows;
+  if (r0 < 0 || r0 > r1 || r1 > rows)
+    throw InputError(std::string("emu::") + what + ": row range [" + std::to_string(r0) + ", " +
+                     std::to_string(r1) + ") is not inside [0, " + std::to_string(rows) + ")");
+  for (int64_t g = 0; g < n_groups; ++g)
+    if (groups[g].n < 0 || groups[g].n > kMaxGroupRows)
+      throw InputError(std::string("emu::") + what + ": group " + std::to_string(g) + " has " +
+                       std::to_string(groups[g].n) + " rows, outside [0, 8]");
+}
+
 WeightRow make_weight_row(int64_t K) {
   const int64_t nsb = K / kQK_K;
   WeightRow wr;
@@ -145,33 +161,48 @@ void decode_row(GgmlType t, const uint8_t* row, int64_t K, WeightRow& wr) {
 void mmvq(GgmlType t, const uint8_t* w, const BlockQ8_1* a, float* y, int64_t rows, int64_t K,
           int64_t T) {
   check_args(t, rows, K, T, "mmvq");
-  const int64_t units = K / kQK8_1, rb = row_bytes(t, K);
-  std::vector<ActRow> acts(static_cast<size_t>(T));
-  for (int64_t k = 0; k < T; ++k) unpack_act(a + k * units, units, acts[k]);
-  WeightRow wr = make_weight_row(K);
-  std::vector<float> term(static_cast<size_t>(units));
-  for (int64_t r = 0; r < rows; ++r) {
-    decode_row(t, w + r * rb, K, wr);
-    for (int64_t k = 0; k < T; ++k) y[k * rows + r] = row_token(t, wr, acts[k], units, term.data());
+  const int64_t units = K / kQK8_1;
+  std::vector<const BlockQ8_1*> ap(static_cast<size_t>(T));
+  std::vector<float*> yp(static_cast<size_t>(T));
+  for (int64_t k = 0; k < T; ++k) {
+    ap[k] = a + k * units;
+    yp[k] = y + k * rows;
   }
+  detail::mmvq_rows(t, w, K, ap.data(), yp.data(), T, 0, rows);
 }
 
 void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups, int64_t n_groups,
                  const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int64_t r0, int64_t r1) {
-  check_args(t, rows, K, n_groups, "mmvq_groups");
+  check_group_args(t, groups, n_groups, rows, K, r0, r1, "mmvq_groups");
+  const int64_t units = K / kQK8_1;
+  std::vector<const BlockQ8_1*> ap;
+  std::vector<float*> yp;
+  for (int64_t g = 0; g < n_groups;) {
+    // The run of consecutive groups reading slot s: one matrix, all their tokens in group order.
+    const int32_t s = groups[g].slot;
+    ap.clear();
+    yp.clear();
+    for (; g < n_groups && groups[g].slot == s; ++g)
+      for (int i = 0; i < groups[g].n; ++i) {
+        ap.push_back(a + static_cast<int64_t>(groups[g].a_row[i]) * units);
+        yp.push_back(y + static_cast<int64_t>(groups[g].y_row[i]) * rows);
+      }
+    detail::mmvq_rows(t, slots[s], K, ap.data(), yp.data(), static_cast<int64_t>(ap.size()), r0,
+                      r1 < 0 ? rows : r1);
+  }
+}
+
+void mmvq_groups_plain(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups,
+                       int64_t n_groups, const BlockQ8_1* a, float* y, int64_t rows, int64_t K,
+                       int64_t r0, int64_t r1) {
+  check_group_args(t, groups, n_groups, rows, K, r0, r1, "mmvq_groups_plain");
   if (r1 < 0) r1 = rows;
-  if (r0 < 0 || r0 > r1 || r1 > rows)
-    throw InputError("emu::mmvq_groups: row range [" + std::to_string(r0) + ", " +
-                     std::to_string(r1) + ") is not inside [0, " + std::to_string(rows) + ")");
   const int64_t units = K / kQK8_1, rb = row_bytes(t, K);
   std::vector<ActRow> acts(kMaxGroupRows);
   WeightRow wr = make_weight_row(K);
   std::vector<float> term(static_cast<size_t>(units));
   for (int64_t g = 0; g < n_groups; ++g) {
     const MmvqGroup& gr = groups[g];
-    if (gr.n < 0 || gr.n > kMaxGroupRows)
-      throw InputError("emu::mmvq_groups: group " + std::to_string(g) + " has " +
-                       std::to_string(gr.n) + " rows, outside [0, 8]");
     for (int i = 0; i < gr.n; ++i)
       unpack_act(a + static_cast<int64_t>(gr.a_row[i]) * units, units, acts[i]);
     for (int64_t r = r0; r < r1; ++r) {

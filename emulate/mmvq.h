@@ -25,8 +25,22 @@ void mmvq_experts(GgmlType t, const uint8_t* const* expert_w, int64_t n, const B
 // The layer's form (cuda::mmvq_groups): n_groups groups against the slot table `slots` (host
 // pointers; core/layer_plan.h). Rows [r0, r1) of every group's matrix (r1 < 0: all rows), so a
 // caller's threads can split the rows; no (row, token) result depends on the split.
+// Consecutive groups of one slot (the plan's groups of one expert) are computed together, each
+// weight row decoded once for all their tokens.
 void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups, int64_t n_groups,
                  const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int64_t r0 = 0,
                  int64_t r1 = -1);
+
+// The same results as mmvq_groups, computed the straightforward way: group by group, each weight
+// row decoded again per group, one (row, token) at a time in scalar code. Kept as the oracle the
+// fast path is tested against (tests/emu_mmvq_fast_test.cpp).
+void mmvq_groups_plain(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups,
+                       int64_t n_groups, const BlockQ8_1* a, float* y, int64_t rows, int64_t K,
+                       int64_t r0 = 0, int64_t r1 = -1);
+
+// The integer kernel of the fast paths (mmvq, mmvq_groups, mmvq_experts): kAuto uses AVX2 when
+// the CPU has it, kPortable a plain loop. Process-wide, for the tests; no bit depends on it.
+enum class MmvqIntKernel { kAuto, kPortable };
+void set_mmvq_int_kernel(MmvqIntKernel k);
 
 }  // namespace moecheck::emu

@@ -12,7 +12,8 @@ namespace moecheck::ref {
 
 // y[n, w.rows] = x[n, w.cols] . W^T, unrounded. f32: one Eigen f32 matrix-vector product per token
 // and row chunk (Eigen's summation order; the same for every token count, so a token's result
-// does not depend on which other tokens share the expert). f64: the same in double.
+// does not depend on which other tokens share the expert). Host threads split the row chunks;
+// no bit depends on the split. f64: the same in double.
 void linear_f32(const MatView& w, const float* x, int64_t n, float* y);
 void linear_f64(const MatView& w, const double* x, int64_t n, double* y);
 
