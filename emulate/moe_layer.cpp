@@ -87,6 +87,9 @@ MoeLayer::MoeLayer(const LayerWeights& w, LayerOptions o) : w_(w), o_(o), impl_(
                      ", options: expert_warps must be 2, 4 or 8, found " +
                      std::to_string(o.expert_warps));
   }
+  if (o.max_tokens < 0)
+    throw InputError("emu::MoeLayer: layer " + std::to_string(w.layer) +
+                     ", options: max_tokens must be >= 0, found " + std::to_string(o.max_tokens));
   const unsigned hw = std::thread::hardware_concurrency();
   impl_->rows.threads = o.threads > 0 ? o.threads : static_cast<int>(std::clamp(hw, 1u, 8u));
 }
@@ -201,6 +204,10 @@ std::vector<uint16_t> MoeLayer::forward(const uint16_t* x, int64_t T, LayerTaps*
   if (T < 0)
     throw InputError("emu::MoeLayer: layer " + std::to_string(w_.layer) +
                      ", input: negative token count");
+  if (o_.max_tokens > 0 && T > o_.max_tokens)
+    throw InputError("emu::MoeLayer: layer " + std::to_string(w_.layer) +
+                     ", input: T=" + std::to_string(T) +
+                     " exceeds LayerOptions::max_tokens=" + std::to_string(o_.max_tokens));
   const auto t0 = std::chrono::steady_clock::now();
 
   // Router logits, host routing and the plan.

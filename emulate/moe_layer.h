@@ -19,6 +19,9 @@ struct LayerOptions {
   RouterVariant router = RouterVariant::kStaged;
   int expert_warps = kDefaultExpertWarps;  // 2, 4 or 8; no effect on any bit
   int threads = 0;                         // host threads (0: hardware); no effect on any bit
+  // The largest T a forward takes (> 0: a larger T is refused with an InputError naming it;
+  // 0: any T), as cuda::LayerOptions::max_tokens.
+  int64_t max_tokens = 0;
 };
 
 class MoeLayer {

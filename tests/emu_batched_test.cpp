@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "emulate/moe_layer.h"
 #include "golden/generator.h"
 #include "tests/emu_layer_check.h"
@@ -70,6 +71,26 @@ TEST(EmuBatched, BatchIndependence_T65_AloneInBatchReversed) {
           << where << " in the reversed batch";
     }
   }
+}
+
+// max_tokens: T up to it runs, a larger T is refused by name, a negative value at construction.
+TEST(EmuBatched, MaxTokens_UpToItRuns_LargerRefused) {
+  const LayerWeights w = generate_layer(preset_options("tiny"), 0);
+  emu::LayerOptions o = staged();
+  o.max_tokens = 12;
+  const emu::MoeLayer layer(w, o);
+  const std::vector<uint16_t> x = generate_input(35, 13, w.config.dim);
+  EXPECT_EQ(layer.forward(x.data(), 12), emu::MoeLayer(w, staged()).forward(x.data(), 12));
+  try {
+    layer.forward(x.data(), 13);
+    ADD_FAILURE() << "T=13 with max_tokens 12 ran (--gtest_filter=EmuBatched.MaxTokens*)";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("T=13 exceeds LayerOptions::max_tokens=12"),
+              std::string::npos)
+        << e.what();
+  }
+  o.max_tokens = -1;
+  EXPECT_THROW(emu::MoeLayer(w, o), InputError);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 // without a bug is the emulation bit for bit. ds41: tests/slow/planted_bug_ds41_test.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "emulate/moe_layer.h"
 #include "golden/adversarial.h"
 #include "golden/generator.h"
@@ -56,6 +58,24 @@ TEST(PlantedBugs, small_T8plus4_EveryBugCaughtAtItsStageLegalChangesPass) {
   o.blocks = ExpertBlocks::kRandomValid;
   const LayerWeights w = generate_layer(o, 0);
   run_suite("small", w, inputs(w, 2, 8), 8 + kAdversarialTokens, RouterVariant::kPlain);
+}
+
+// The batched path: 64 tokens on tiny's 16 experts (top-4) give every expert about 16 pairs,
+// more than an MMVQ group's 8 (the CUDA driver runs them through MMQ; its twin is the same
+// emulation): the pipeline is still the emulation bit for bit, and every bug is caught.
+TEST(PlantedBugs, tiny_T60plus4_Batched_EveryBugCaughtAtItsStageLegalChangesPass) {
+  const LayerWeights w = generate_layer(preset_options("tiny"), 0);
+  const std::vector<uint16_t> x = inputs(w, 4, 60);
+  const int64_t T = 60 + kAdversarialTokens;
+  LayerTaps want;
+  emu::MoeLayer(w, {}).forward(x.data(), T, &want);
+  size_t max_rows = 0;
+  for (const ExpertTaps& e : want.experts) max_rows = std::max(max_rows, e.tokens.size());
+  ASSERT_GT(max_rows, static_cast<size_t>(kMaxGroupRows)) << "no expert on the batched path";
+  std::string what;
+  ASSERT_TRUE(same_taps(forward(w, x, T, RouterVariant::kStaged, Bug::kNone), want, &what))
+      << "tiny T=64: the pipeline differs at " << what;
+  run_suite("tiny T=64", w, x, T, RouterVariant::kStaged);
 }
 
 }  // namespace
