@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,22 @@ double time_ms(F fn, int warm, int reps, cudaStream_t s) {
   MOECHECK_CUDA_CHECK(cudaEventDestroy(a));
   MOECHECK_CUDA_CHECK(cudaEventDestroy(b));
   return median(t);
+}
+
+// Per-launch microseconds of `launch(i)` for i = 0..n-1 captured in one CUDA graph (launch gaps
+// out): median of `reps` graph replays after `warm` untimed ones.
+inline double graph_us(const std::function<void(int, cudaStream_t)>& launch, int n, cudaStream_t s,
+                       int warm = 3, int reps = 20) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  MOECHECK_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < n; ++i) launch(i, s);
+  MOECHECK_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  MOECHECK_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  const double ms = time_ms([&] { MOECHECK_CUDA_CHECK(cudaGraphLaunch(ge, s)); }, warm, reps, s);
+  MOECHECK_CUDA_CHECK(cudaGraphExecDestroy(ge));
+  MOECHECK_CUDA_CHECK(cudaGraphDestroy(g));
+  return ms * 1e3 / n;
 }
 
 // Device-to-device cudaMemcpy of 1 GiB: (bytes read + bytes written) / time, median of 25.

@@ -18,24 +18,11 @@
 #include "tests/bench/bench_util.h"
 
 using namespace moecheck;
-using moecheck::bench::time_ms;
+using moecheck::bench::graph_us;
 
 namespace {
 
 constexpr int64_t kDim = 5120, kInter = 2304, kExperts = 16, kSets = 6;
-
-double graph_us(const std::function<void(int, cudaStream_t)>& launch, int n, cudaStream_t s) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  MOECHECK_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < n; ++i) launch(i, s);
-  MOECHECK_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  MOECHECK_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  const double ms = time_ms([&] { MOECHECK_CUDA_CHECK(cudaGraphLaunch(ge, s)); }, 2, 10, s);
-  MOECHECK_CUDA_CHECK(cudaGraphExecDestroy(ge));
-  MOECHECK_CUDA_CHECK(cudaGraphDestroy(g));
-  return ms * 1e3 / n;
-}
 
 // The groups of E experts with n rows each: projection 0 (gate) slots 0..E-1 then projection 1
 // (up) slots E..2E-1 at proj_stride G; down reuses projection 0's shape with slots 2E + e.
@@ -166,28 +153,28 @@ int main() {
               cuda::mmvq_groups(GgmlType::kQ2K, table(i), dgu, 2 * G, 8, xq, y, kInter, kDim, 8,
                                 st);
             },
-            reps, s),
+            reps, s, 2, 10),
         gu_bytes, 2 * macs);
     add("gate+up Q2_K, MMQ",
         graph_us(
             [&](int i, cudaStream_t st) {
               cuda::mmq_groups(GgmlType::kQ2K, table(i), dgu, G, 2, G, xq, y, kInter, kDim, st);
             },
-            reps, s),
+            reps, s, 2, 10),
         gu_bytes, 2 * macs);
     add("down Q3_K, MMVQ (dp4a, 8 warps)",
         graph_us(
             [&](int i, cudaStream_t st) {
               cuda::mmvq_groups(GgmlType::kQ3K, table(i), ddn, G, 8, hq, y, kDim, kInter, 8, st);
             },
-            reps, s),
+            reps, s, 2, 10),
         d_bytes, macs);
     add("down Q3_K, MMQ",
         graph_us(
             [&](int i, cudaStream_t st) {
               cuda::mmq_groups(GgmlType::kQ3K, table(i), ddn, G, 1, G, hq, y, kDim, kInter, st);
             },
-            reps, s),
+            reps, s, 2, 10),
         d_bytes, macs);
   }
   std::printf(

@@ -23,6 +23,7 @@
 #include "tests/bench/bench_util.h"
 
 using namespace moecheck;
+using moecheck::bench::graph_us;
 using moecheck::bench::time_ms;
 
 namespace {
@@ -48,21 +49,6 @@ const Engine kEngines[] = {
     {"tensor cores, cp.async, 6 stages", cuda::MmvqEngine::kTensorCore, 8, 6, 1, false},
     {"diagnostic: bulk copies alone, 4 stages", cuda::MmvqEngine::kTensorCore, 8, 4, 2, true},
     {"diagnostic: cp.async alone, 4 stages", cuda::MmvqEngine::kTensorCore, 8, 4, 3, true}};
-
-// Per-launch microseconds of `launch(i)` for i = 0..n-1 captured in one graph, median of 20
-// graph replays after 3 warm-ups.
-double graph_us(const std::function<void(int, cudaStream_t)>& launch, int n, cudaStream_t s) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  MOECHECK_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < n; ++i) launch(i, s);
-  MOECHECK_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  MOECHECK_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  const double ms = time_ms([&] { MOECHECK_CUDA_CHECK(cudaGraphLaunch(ge, s)); }, 3, 20, s);
-  MOECHECK_CUDA_CHECK(cudaGraphExecDestroy(ge));
-  MOECHECK_CUDA_CHECK(cudaGraphDestroy(g));
-  return ms * 1e3 / n;
-}
 
 }  // namespace
 
