@@ -70,9 +70,12 @@ TEST(CudaMoeLayerBatched, Skewed_OneExpertTakesEveryToken_Tiny_Small) {
   }
 }
 
-TEST(CudaMoeLayerBatched, Ds41_T9_16_63_64_65_HostAndDeviceRoute) {
+TEST(CudaMoeLayerBatched, Ds41_T9_16_63_64_65_Random_HostAndDeviceRoute) {
   MOECHECK_REQUIRE_GPU();
-  run_layer(preset_options("ds41"), {9, 16, 63, 64, 65},
+  std::vector<int64_t> Ts = {9, 16, 63, 64, 65};
+  for (int i = 0; i < 2; ++i)
+    Ts.push_back(9 + static_cast<int64_t>((1601u * 2654435761u + i * 7919u) % 248));
+  run_layer(preset_options("ds41"), Ts,
             {{8, RouterVariant::kStaged, true, false, kHost},
              {8, RouterVariant::kStaged, true, true, kDevice},
              {4, RouterVariant::kStaged, false, false, kDevice, 0}},
