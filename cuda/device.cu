@@ -1,9 +1,12 @@
 // Device discovery for the command line and the tests: whether a CUDA device can be used (and
-// why not), and its name. Never aborts: a machine without a GPU is a normal case.
+// why not), and its name. Never aborts: a machine without a GPU is a normal case. Also the
+// current device's multiprocessor count for the kernels' persistent grids (cuda/device_util.cuh).
 #include <cuda_runtime.h>
 
 #include <string>
 
+#include "cuda/check.h"
+#include "cuda/device_util.cuh"
 #include "cuda/moe_layer.h"
 
 namespace moecheck::cuda {
@@ -30,6 +33,13 @@ std::string device_name(int device) {
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return "";
   return prop.name;
+}
+
+int current_sm_count() {
+  int dev = 0, sms = 0;
+  MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
+  MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
 }
 
 }  // namespace moecheck::cuda

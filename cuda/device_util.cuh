@@ -17,6 +17,9 @@ namespace moecheck::cuda {
 
 inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
+// The multiprocessors of the current device (the persistent grids' size).
+int current_sm_count();
+
 // butterfly(v): o = 16, 8, 4, 2, 1, v = add_rn(v, partner's v). Every lane ends with lane 0's
 // bits because add_rn is commutative (numerics.md "Butterfly").
 __device__ __forceinline__ float warp_butterfly(float v) {

@@ -281,9 +281,7 @@ template <bool kQ2K, bool kCheck>
 void launch_typed(const MmqArgs& p, void* stream) {
   static int sms = 0;
   if (sms == 0) {
-    int dev = 0;
-    MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
-    MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    sms = current_sm_count();
     MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(
         mmq_kernel<kQ2K, kCheck>, cudaFuncAttributeMaxDynamicSharedMemorySize, Q<kQ2K>::kSmem));
   }

@@ -317,11 +317,9 @@ void launch_one(const MmvqParams& p, void* stream) {
   static int per_sm = 0, sms = 0;
   static int resident_smem = -1;
   if (resident_smem != smem) {
-    int dev = 0;
     MOECHECK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &per_sm, mmvq_kernel<kType, kWarps, kR>, kWarps * kWarpSize, smem));
-    MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
-    MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    sms = current_sm_count();
     resident_smem = smem;
   }
   const int resident =

@@ -306,12 +306,10 @@ void launch_typed(const MmvqParams& p, void* stream) {
   }
   static int resident = 0, resident_smem = -1;
   if (resident_smem != smem) {
-    int per_sm = 0, dev = 0, sms = 0;
+    int per_sm = 0;
     MOECHECK_CUDA_CHECK(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kW * kWarpSize, smem));
-    MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
-    MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    resident = per_sm * sms;
+    resident = per_sm * current_sm_count();
     resident_smem = smem;
   }
   const int stride = (p.row_bytes & 3) == 2 ? 2 : 1;

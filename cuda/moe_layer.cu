@@ -54,10 +54,8 @@ MoeLayer::MoeLayer(const LayerWeights& w, LayerOptions o) : impl_(new Impl) {
   m.upload_slots();
   if (o.max_tokens > 0) {  // every buffer now: no allocation (and no graph drop) in a forward
     m.reserve(o.max_tokens);
-    const size_t P = static_cast<size_t>(o.max_tokens * w.config.topk);
-    m.reserve_plan(layer_detail::align_up(3 * P * sizeof(void*), 16) +
-                   layer_detail::align_up(3 * P * sizeof(MmvqGroup), 16) +
-                   layer_detail::align_up(P * 4, 16) + P * 4);
+    const int64_t P = o.max_tokens * w.config.topk;
+    m.reserve_plan(PlanLayout(P, 3 * P, P).bytes);
   }
 }
 

@@ -29,16 +29,19 @@ void copy_back(std::vector<T>& v, const void* d, size_t n, cudaStream_t s) {
     MOECHECK_CUDA_CHECK(cudaMemcpyAsync(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost, s));
 }
 
-// Byte offsets of the packed plan: the slot table (3U pointers), the MMVQ groups (gate, up,
-// down), the accumulation rows and weights ([T, topk] each).
+// Byte offsets of the packed plan: the slot table (3U pointers), the groups (gate, up, down),
+// the accumulation rows and weights ([T, topk] each), for U experts, n_groups groups and P pairs
+// (a plan of P pairs has at most P experts and 3P groups: PlanLayout(P, 3P, P) bounds it).
 struct PlanLayout {
   size_t slots = 0, groups = 0, rows = 0, weights = 0, bytes = 0;
-  explicit PlanLayout(const LayerPlan& p) {
-    groups = align_up(static_cast<size_t>(3 * p.n_experts()) * sizeof(void*), 16);
-    rows = align_up(groups + p.groups.size() * sizeof(MmvqGroup), 16);
-    weights = align_up(rows + static_cast<size_t>(p.pairs()) * 4, 16);
-    bytes = weights + static_cast<size_t>(p.pairs()) * 4;
+  PlanLayout(int64_t U, int64_t n_groups, int64_t P) {
+    groups = align_up(static_cast<size_t>(3 * U) * sizeof(void*), 16);
+    rows = align_up(groups + static_cast<size_t>(n_groups) * sizeof(MmvqGroup), 16);
+    weights = align_up(rows + static_cast<size_t>(P) * 4, 16);
+    bytes = weights + static_cast<size_t>(P) * 4;
   }
+  explicit PlanLayout(const LayerPlan& p)
+      : PlanLayout(p.n_experts(), static_cast<int64_t>(p.groups.size()), p.pairs()) {}
 };
 
 }  // namespace layer_detail
@@ -63,7 +66,8 @@ struct MoeLayer::Impl {
   PinnedBuf h_hdr, h_mask;
   std::vector<int32_t> slot_row;
   // Captured launch sequences keyed by (phase, shape...): 0 = before routing (T), 1 = shared
-  // expert (T), 2 = routed experts (P, U and max group, groups, plan bytes), 5 = the whole
+  // expert (T), 2 = routed experts (P, U and max group, G (P + 1) + Gs for the G groups per
+  // projection of which Gs run on MMVQ, plan bytes), 5 = the whole
   // device-route forward from x on the device to y on the device (T, masked).
   using GraphKey = std::tuple<int, int64_t, int64_t, int64_t, size_t>;
   std::map<GraphKey, cudaGraphExec_t> graphs;

@@ -23,6 +23,7 @@ using moecheck::bench::graph_us;
 namespace {
 
 constexpr int64_t kDim = 5120, kInter = 2304, kExperts = 16, kSets = 6;
+constexpr int64_t kMaxRows = 128;  // the largest rows per expert timed
 
 // The groups of E experts with n rows each: projection 0 (gate) slots 0..E-1 then projection 1
 // (up) slots E..2E-1 at proj_stride G; down reuses projection 0's shape with slots 2E + e.
@@ -52,7 +53,7 @@ Groups make_groups(int64_t n) {
   std::vector<MmvqGroup> up = r.gu;
   for (auto& g : up) {
     g.slot += static_cast<int32_t>(kExperts);
-    for (int i = 0; i < g.n; ++i) g.y_row[i] += static_cast<int32_t>(kExperts * 128);
+    for (int i = 0; i < g.n; ++i) g.y_row[i] += static_cast<int32_t>(kExperts * kMaxRows);
   }
   r.gu.insert(r.gu.end(), up.begin(), up.end());
   return r;
@@ -89,16 +90,15 @@ int main() {
   MOECHECK_CUDA_CHECK(cudaMalloc(&d_tab, tab.size() * sizeof(void*)));
   MOECHECK_CUDA_CHECK(
       cudaMemcpy(d_tab, tab.data(), tab.size() * sizeof(void*), cudaMemcpyHostToDevice));
-  const int64_t max_n = 128;
   BlockQ8_1 *xq = nullptr, *hq = nullptr;
   float* y = nullptr;
-  MOECHECK_CUDA_CHECK(cudaMalloc(&xq, max_n * kDim / 32 * sizeof(BlockQ8_1)));
-  MOECHECK_CUDA_CHECK(cudaMalloc(&hq, kExperts * max_n * kInter / 32 * sizeof(BlockQ8_1)));
-  MOECHECK_CUDA_CHECK(cudaMalloc(&y, 2 * kExperts * max_n * kDim * sizeof(float)));
-  bench::fill_random(xq, max_n * kDim / 32 * sizeof(BlockQ8_1), 12);
-  bench::fill_random(hq, kExperts * max_n * kInter / 32 * sizeof(BlockQ8_1), 13);
+  MOECHECK_CUDA_CHECK(cudaMalloc(&xq, kMaxRows * kDim / 32 * sizeof(BlockQ8_1)));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&hq, kExperts * kMaxRows * kInter / 32 * sizeof(BlockQ8_1)));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&y, 2 * kExperts * kMaxRows * kDim * sizeof(float)));
+  bench::fill_random(xq, kMaxRows * kDim / 32 * sizeof(BlockQ8_1), 12);
+  bench::fill_random(hq, kExperts * kMaxRows * kInter / 32 * sizeof(BlockQ8_1), 13);
   MmvqGroup* d_groups = nullptr;
-  MOECHECK_CUDA_CHECK(cudaMalloc(&d_groups, 4 * kExperts * max_n * sizeof(MmvqGroup)));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&d_groups, 4 * kExperts * kMaxRows * sizeof(MmvqGroup)));
 
   std::vector<Row> rows;
   for (int64_t n : {9, 16, 32, 64, 128}) {
@@ -117,7 +117,7 @@ int main() {
       for (int64_t e = 0; e < 3 * kExperts; ++e) hs.push_back(w.data() + (tab[e] - pool));
       const auto hx = bench::to_host<BlockQ8_1>(xq, n * kDim / 32);
       const auto hh = bench::to_host<BlockQ8_1>(hq, kExperts * n * kInter / 32);
-      const int64_t ny = kExperts * 128 * 2;
+      const int64_t ny = kExperts * kMaxRows * 2;
       std::vector<float> want_gu(static_cast<size_t>(ny * kInter), 0.0f),
           want_d(static_cast<size_t>(kExperts * n * kDim), 0.0f);
       emu::mmvq_groups(GgmlType::kQ2K, hs.data(), gr.gu.data(), 2 * G, hx.data(), want_gu.data(),
