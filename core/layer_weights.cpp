@@ -6,9 +6,8 @@
 #include "core/numfmt.h"
 
 namespace moecheck {
-namespace {
 
-const char* type_name(GgmlType t) {
+const char* ggml_type_name(GgmlType t) {
   switch (t) {
     case GgmlType::kF32: return "F32";
     case GgmlType::kF16: return "F16";
@@ -19,6 +18,8 @@ const char* type_name(GgmlType t) {
   }
   return "unknown";
 }
+
+namespace {
 
 std::string shape(int64_t rows, int64_t cols) {
   std::string s = "[";
@@ -54,7 +55,7 @@ class Validator {
       fail(name, "expected " + std::to_string(c.n_routed) + " experts of " + shape(rows, cols) +
                      " in " + (kernel_ ? "Q2_K or Q3_K" : "F32, F16, BF16, Q2_K or Q3_K") +
                      ", found " + std::to_string(s.n_experts) + " experts of " +
-                     shape(s.rows, s.cols) + " in " + type_name(s.type));
+                     shape(s.rows, s.cols) + " in " + ggml_type_name(s.type));
   }
 
   void shared(const std::string& name, const MatView& m, bool dense, int64_t rows,
@@ -69,7 +70,7 @@ class Validator {
     if (!type_ok || m.rows != rows || m.cols != cols)
       fail(name, "expected " + want + shape(rows, cols) +
                      (kernel_ ? " (the shared expert is all BF16 or all K-quant)" : "") +
-                     ", found " + type_name(m.type) + " " + shape(m.rows, m.cols));
+                     ", found " + ggml_type_name(m.type) + " " + shape(m.rows, m.cols));
   }
 
   void run() const {
@@ -78,7 +79,7 @@ class Validator {
     if (w_.router == nullptr) fail("ffn_gate_inp.weight", "missing");
     if (w_.router_type != GgmlType::kBF16 && w_.router_type != GgmlType::kF16)
       fail("ffn_gate_inp.weight",
-           std::string("expected BF16 or F16, found ") + type_name(w_.router_type));
+           std::string("expected BF16 or F16, found ") + ggml_type_name(w_.router_type));
     if (w_.bias == nullptr) fail("exp_probs_b.bias", "missing");
     stack("ffn_gate_exps.weight", w_.gate_exps, c.inter, c.dim);
     stack("ffn_up_exps.weight", w_.up_exps, c.inter, c.dim);

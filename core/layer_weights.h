@@ -13,6 +13,9 @@
 
 namespace moecheck {
 
+// "Q2_K", "BF16", ... (ggml's names); "unknown" for any other value.
+const char* ggml_type_name(GgmlType t);
+
 // A row-major matrix [rows, cols] of one type; each row holds `cols` values (ggml ne0 = cols).
 struct MatView {
   GgmlType type = GgmlType::kBF16;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/expert_source.h"
 #include "core/layer_weights.h"
 #include "golden/model_file.h"
 
@@ -42,8 +43,6 @@ uint64_t stream_key(uint64_t seed, uint64_t a, uint64_t b, uint64_t c);
 // quantisers, or random valid blocks written directly (finite positive f16 scales, random
 // quants and sub-scales): fast enough for ds41 (4.9 GB per layer).
 enum class ExpertBlocks { kQuantized, kRandomValid };
-
-enum class Proj { kGate, kUp, kDown };
 
 // general.alignment of generated files: a power of two in [kMinGenAlignment, kMaxGenAlignment].
 // The reader takes any power of two (ggml's rule, for files from elsewhere); the generator writes
