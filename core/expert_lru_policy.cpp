@@ -78,11 +78,11 @@ int64_t ExpertLruPolicy::acquire(const std::vector<ExpertKey>& keys, std::vector
         pinned += x.pins > 0;
         arriving += x.used && !x.valid && x.pins == 0;
       }
-      throw InputError("expert cache: a forward needs " + std::to_string(n) +
-                       " distinct experts (" + std::to_string(absent) +
-                       " not cached), but of the " + std::to_string(n_slots()) + " slot(s) " +
-                       std::to_string(pinned) + " are pinned by open forwards and " +
-                       std::to_string(arriving) + " hold prefetches still arriving");
+      throw CacheFullError("expert cache: a forward needs " + std::to_string(n) +
+                           " distinct experts (" + std::to_string(absent) +
+                           " not cached), but of the " + std::to_string(n_slots()) + " slot(s) " +
+                           std::to_string(pinned) + " are pinned by open forwards and " +
+                           std::to_string(arriving) + " hold prefetches still arriving");
     }
     slot_for[static_cast<size_t>(i)] = v;
     taken[static_cast<size_t>(v)] = true;
@@ -144,6 +144,16 @@ void ExpertLruPolicy::failed(int32_t slot) {
   if (!x.used || x.valid)
     throw std::logic_error("ExpertLruPolicy::failed: slot " + std::to_string(slot) +
                            " has no read in flight");
+  ++counters_.failed_reads;
+  if (x.prefetched) ++counters_.prefetch_wasted;
+  for (auto& [id, held] : leases_)
+    held.erase(std::remove(held.begin(), held.end(), slot), held.end());
+  drop(slot);
+}
+
+void ExpertLruPolicy::discard(int32_t slot) {
+  Slot& x = at(slot, "discard");
+  if (!x.used) return;
   ++counters_.failed_reads;
   if (x.prefetched) ++counters_.prefetch_wasted;
   for (auto& [id, held] : leases_)

@@ -14,6 +14,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/error.h"
+
 namespace moecheck {
 
 struct ExpertKey {
@@ -41,6 +43,13 @@ struct CacheCounters {
   double stall_ms = 0;
 };
 
+// acquire()'s refusal when the forward's keys do not fit the slots that open leases and arriving
+// reads leave (a caller that pipelines forwards can finish one and try again).
+class CacheFullError : public InputError {
+ public:
+  using InputError::InputError;
+};
+
 class ExpertLruPolicy {
  public:
   enum class GrantKind {
@@ -65,14 +74,17 @@ class ExpertLruPolicy {
   // one grant per key, in the order given. The keys already held are granted first, so no key of
   // the forward is evicted for another of it; each miss then takes the lowest free slot, else the
   // least recently used entry that is valid and unpinned. Every key of the forward becomes the
-  // most recently used, in the order given. Throws InputError, leaving the policy unchanged, when
-  // the forward needs more slots than there are, or than open leases and arriving reads leave
-  // free (the message gives the counts).
+  // most recently used, in the order given. Throws, leaving the policy unchanged, an InputError
+  // when the forward needs more slots than there are, a CacheFullError when it needs more than
+  // open leases and arriving reads leave free (the messages give the counts).
   int64_t acquire(const std::vector<ExpertKey>& keys, std::vector<Grant>* grants);
   // The slot's bytes (a miss's or a prefetch's) have fully arrived: hits from now on.
   void loaded(int32_t slot);
   // The slot's read failed: its entry is dropped and the slot is free; nothing became valid.
   void failed(int32_t slot);
+  // Drops the slot's entry whatever its state (bytes found bad after they arrived): counted as a
+  // failed read; the slot is free and no open lease pins it any more.
+  void discard(int32_t slot);
   // Drops the lease's pins (its keys stay cached). Unknown leases are ignored.
   void release(int64_t lease);
   // Starts a prefetch of `key` unless the cache holds it: takes the lowest free slot, else the

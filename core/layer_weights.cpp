@@ -40,7 +40,8 @@ class Validator {
   Validator(const LayerWeights& w, const std::string& who, WeightTypes types)
       : w_(w),
         where_(who + ": layer " + std::to_string(w.layer)),
-        kernel_(types == WeightTypes::kKernel) {}
+        kernel_(types != WeightTypes::kDequantized),
+        streamed_(types == WeightTypes::kStreamed) {}
 
   [[noreturn]] void fail(const std::string& tensor, const std::string& msg) const {
     throw InputError(where_ + ": tensor blk." + std::to_string(w_.layer) + "." + tensor + ": " +
@@ -49,7 +50,7 @@ class Validator {
 
   void stack(const std::string& name, const ExpertStackView& s, int64_t rows, int64_t cols) const {
     const MoeConfig& c = w_.config;
-    if (s.data == nullptr) fail(name, "missing");
+    if (s.data == nullptr && !streamed_) fail(name, "missing");
     const bool type_ok = kernel_ ? k_quant(s.type) : dequantizable(s.type);
     if (!type_ok || s.rows != rows || s.cols != cols || s.n_experts < c.n_routed)
       fail(name, "expected " + std::to_string(c.n_routed) + " experts of " + shape(rows, cols) +
@@ -94,6 +95,7 @@ class Validator {
   const LayerWeights& w_;
   std::string where_;
   bool kernel_;
+  bool streamed_;
 };
 
 }  // namespace

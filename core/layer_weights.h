@@ -65,8 +65,10 @@ float router_weight(const LayerWeights& w, int64_t i);
 
 // Which weight types a reader accepts. kKernel: what the emulation and the CUDA kernels read in
 // place (routed stacks Q2_K or Q3_K; the shared expert all BF16 or all Q2_K / Q3_K). kDequantized:
-// what the reference dequantises (F32, F16, BF16, Q2_K, Q3_K anywhere).
-enum class WeightTypes { kKernel, kDequantized };
+// what the reference dequantises (F32, F16, BF16, Q2_K, Q3_K anywhere). kStreamed: kKernel's
+// types, but the routed stacks may have no bytes (data nullptr: the experts come through an
+// ExpertSource, core/expert_source.h); their types and shapes are still checked.
+enum class WeightTypes { kKernel, kDequantized, kStreamed };
 
 // The one validator every implementation calls before it reads a layer: the config can work
 // (MoeConfig::validate), the router and bias are present, each routed stack holds n_routed or

@@ -90,9 +90,12 @@ struct LayerTaps {
 // Its stages (gate, up, h, h_q8, down) are the caller's.
 void fill_shared_taps(ExpertTaps& s, int64_t T);
 
-// Where one forward's time went (wall clock, host side), like the seeds' MoeV41Timing. Today the
-// drivers fill route_ms, compute_ms and bytes_read; fetch_ms, hits and misses stay 0 until the
-// expert cache (ExpertLru, streaming) fills them.
+// Where one forward's time went (wall clock, host side), like the seeds' MoeV41Timing: route_ms
+// until the experts are known (the host route's round trip; 0 on the device route), fetch_ms the
+// expert cache's acquisition (reads of the misses, waits for late prefetches; 0 without a cache),
+// compute_ms the rest; hits and misses of the cache (without one: 0), bytes_read the bytes read
+// from its expert source; weight_bytes the weight bytes the forward's kernels read (router, the
+// picked experts, the shared expert: the numerator of a bandwidth figure).
 struct LayerTiming {
   double route_ms = 0;
   double fetch_ms = 0;
@@ -100,6 +103,7 @@ struct LayerTiming {
   uint64_t hits = 0;
   uint64_t misses = 0;
   uint64_t bytes_read = 0;
+  uint64_t weight_bytes = 0;
 
   void add(const LayerTiming& o) {
     route_ms += o.route_ms;
@@ -108,6 +112,7 @@ struct LayerTiming {
     hits += o.hits;
     misses += o.misses;
     bytes_read += o.bytes_read;
+    weight_bytes += o.weight_bytes;
   }
 };
 

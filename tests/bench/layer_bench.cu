@@ -202,7 +202,7 @@ int main(int argc, char** argv) {
       t.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
       route.push_back(tm.route_ms);
-      bytes += tm.bytes_read;
+      bytes += tm.weight_bytes;
     }
     const double floor_ms = static_cast<double>(bytes) / 200.0 / (copy * 1e9) * 1e3;
     res.push_back({v.name, v.T, bench::median(t), bench::median(route), floor_ms});
