@@ -18,11 +18,11 @@
 
 namespace moecheck::cuda {
 
-MoeLayer::MoeLayer(const LayerWeights& w, LayerOptions o) : impl_(new Impl) {
-  Impl& m = *impl_;
-  m.w = w;
-  m.o = o;
-  validate_layer_weights(w, "cuda::MoeLayer");
+namespace {
+
+// The options and the device, checked before anything is allocated (InputError naming the layer
+// and the option).
+void check_options(const LayerWeights& w, const LayerOptions& o, const ExpertLru* cache) {
   const std::string where = "cuda::MoeLayer: layer " + std::to_string(w.layer) + ", ";
   if (!expert_warps_allowed(o.expert_warps))
     throw InputError(where + "options: expert_warps must be 2, 4 or 8, found " +
@@ -33,7 +33,13 @@ MoeLayer::MoeLayer(const LayerWeights& w, LayerOptions o) : impl_(new Impl) {
   if (o.max_tokens < 0 || o.max_tokens > (int64_t{1} << 24))
     throw InputError(where + "options: max_tokens must be in [0, 2^24], found " +
                      std::to_string(o.max_tokens));
-  m.dense_shared = w.shared_gate.type == GgmlType::kBF16;
+  if (o.prefetch_k < 0 || o.prefetch_k > 4096)
+    throw InputError(where + "options: prefetch_k must be in [0, 4096], found " +
+                     std::to_string(o.prefetch_k));
+  if (o.prefetch_k > 0 && (cache == nullptr || cache->options().reader_threads == 0))
+    throw InputError(
+        where + "options: prefetch_k " + std::to_string(o.prefetch_k) +
+        " needs an expert cache with a reader pool (CacheOptions::reader_threads > 0)");
   std::string why;
   if (!device_available(&why)) throw InputError(where + "device: " + why);
   int n_dev = 0;
@@ -41,27 +47,70 @@ MoeLayer::MoeLayer(const LayerWeights& w, LayerOptions o) : impl_(new Impl) {
   if (o.device < 0 || o.device >= n_dev)
     throw InputError(where + "options: device " + std::to_string(o.device) + " not in [0, " +
                      std::to_string(n_dev) + ")");
-  if (o.route == RoutePlace::kDevice && (w.layer < 0 || w.layer >= kSlotTableLayers))
-    throw InputError(where + "options: the device route covers layers [0, " +
-                     std::to_string(kSlotTableLayers) + ") of the slot table, found layer " +
-                     std::to_string(w.layer));
+  if (cache != nullptr && cache->options().device != o.device)
+    throw InputError(where + "options: device " + std::to_string(o.device) +
+                     ", the expert cache's slots are on device " +
+                     std::to_string(cache->options().device));
+  const bool table = o.route == RoutePlace::kDevice || cache != nullptr;
+  if (table && (w.layer < 0 || w.layer >= kSlotTableLayers))
+    throw InputError(
+        where + "options: the slot table (device route, expert cache) covers layers [0, " +
+        std::to_string(kSlotTableLayers) + "), found layer " + std::to_string(w.layer));
   if (o.route == RoutePlace::kDevice && (w.config.n_routed > 2048 || w.config.topk > 64))
     throw InputError(where + "options: the device route needs n_routed <= 2048 and topk <= 64, " +
                      "found " + std::to_string(w.config.n_routed) + ", " +
                      std::to_string(w.config.topk));
+  if (cache == nullptr) return;
+  const ExpertLayout mine = expert_layout(w);
+  if (!mine.same_shape(cache->layout()) || cache->n_routed() != w.config.n_routed)
+    throw InputError(where + "expert cache: its slots hold " + cache->layout().describe() + " of " +
+                     std::to_string(cache->n_routed()) + " routed experts, the layer has " +
+                     mine.describe() + " of " + std::to_string(w.config.n_routed));
+}
+
+}  // namespace
+
+MoeLayer::MoeLayer(const LayerWeights& w, LayerOptions o) : impl_(new Impl) {
+  Impl& m = *impl_;
+  m.w = w;
+  m.o = o;
+  validate_layer_weights(w, "cuda::MoeLayer");
+  check_options(w, o, nullptr);
+  m.dense_shared = w.shared_gate.type == GgmlType::kBF16;
   m.setup_device();
   m.upload_weights();
   m.upload_slots();
-  if (o.max_tokens > 0) {  // every buffer now: no allocation (and no graph drop) in a forward
-    m.reserve(o.max_tokens);
-    const int64_t P = o.max_tokens * w.config.topk;
-    m.reserve_plan(PlanLayout(P, 3 * P, P).bytes);
-  }
+  m.reserve_max();
+}
+
+MoeLayer::MoeLayer(const LayerWeights& w, std::shared_ptr<ExpertLru> cache, LayerOptions o)
+    : impl_(new Impl) {
+  Impl& m = *impl_;
+  m.w = w;
+  m.o = o;
+  if (!cache)
+    throw InputError("cuda::MoeLayer: layer " + std::to_string(w.layer) + ": no expert cache");
+  validate_layer_weights(w, "cuda::MoeLayer", WeightTypes::kStreamed);
+  check_options(w, o, cache.get());
+  m.cache = std::move(cache);
+  m.dense_shared = w.shared_gate.type == GgmlType::kBF16;
+  m.setup_device();
+  m.upload_weights();
+  m.reserve_max();
+}
+
+// With max_tokens, every buffer now: no allocation (and no graph drop) in a forward.
+void MoeLayer::Impl::reserve_max() {
+  if (o.max_tokens <= 0) return;
+  reserve(o.max_tokens);
+  const int64_t P = o.max_tokens * w.config.topk;
+  reserve_plan(PlanLayout(P, 3 * P, P).bytes);
 }
 
 MoeLayer::~MoeLayer() = default;
 
 const LayerOptions& MoeLayer::options() const { return impl_->o; }
+int MoeLayer::layer() const { return impl_->w.layer; }
 
 void MoeLayer::Impl::setup_device() {
   MOECHECK_CUDA_CHECK(cudaSetDevice(o.device));
@@ -73,19 +122,21 @@ void MoeLayer::Impl::setup_device() {
   MOECHECK_CUDA_CHECK(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, prio_low));
   MOECHECK_CUDA_CHECK(cudaEventCreateWithFlags(&ev_in, cudaEventDisableTiming));
   MOECHECK_CUDA_CHECK(cudaEventCreateWithFlags(&ev_out, cudaEventDisableTiming));
+  MOECHECK_CUDA_CHECK(cudaEventCreateWithFlags(&ev_pred, cudaEventDisableTiming));
 }
 
 // The router, every routed expert (resident: each stack is one allocation here, but the kernels
-// see experts only through the slot table, which the expert cache will fill with its own slots)
+// see experts only through slot pointers; a streamed layer uploads none, its cache holds them)
 // and the shared expert. Only the first n_routed experts of a stack are read.
 void MoeLayer::Impl::upload_weights() {
   const MoeConfig& c = w.config;
   upload(router, w.router, static_cast<size_t>(c.n_routed * c.dim) * 2);
   upload(bias, w.bias, static_cast<size_t>(c.n_routed) * 4);
   if (w.bias_vl != nullptr) upload(bias_vl, w.bias_vl, static_cast<size_t>(c.n_routed) * 4);
-  for (auto [d, s] :
-       {std::pair{&gate_exps, &w.gate_exps}, {&up_exps, &w.up_exps}, {&down_exps, &w.down_exps}})
-    upload(*d, s->data, static_cast<size_t>(s->expert_stride() * c.n_routed), 16);
+  if (!cache)
+    for (auto [d, s] :
+         {std::pair{&gate_exps, &w.gate_exps}, {&up_exps, &w.up_exps}, {&down_exps, &w.down_exps}})
+      upload(*d, s->data, static_cast<size_t>(s->expert_stride() * c.n_routed), 16);
   for (auto [d, s] :
        {std::pair{&sh_gate, &w.shared_gate}, {&sh_up, &w.shared_up}, {&sh_down, &w.shared_down}})
     upload(*d, s->data, static_cast<size_t>(s->rows * s->row_stride()), 16);
@@ -137,8 +188,9 @@ void MoeLayer::Impl::reserve_plan(size_t bytes) {
 }
 
 // Input up, q8_1 of x, the router and the logits down on the main stream; then the shared
-// expert forks off to the side stream and runs while the host routes.
-void MoeLayer::Impl::pre_route(const uint16_t* xin, int64_t T) {
+// expert forks off to the side stream and runs while the host routes. When predicting, the next
+// layer's router on x runs first on the side stream (or after the logits on the main one).
+void MoeLayer::Impl::pre_route(const uint16_t* xin, int64_t T, bool predicting) {
   const MoeConfig& c = w.config;
   const int64_t dim = c.dim, E = c.n_routed;
   std::memcpy(h_x.p, xin, static_cast<size_t>(T * dim * 2));
@@ -153,8 +205,11 @@ void MoeLayer::Impl::pre_route(const uint16_t* xin, int64_t T) {
   if (o.shared_side_stream) {
     MOECHECK_CUDA_CHECK(cudaEventRecord(ev_in, main));
     MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(side, ev_in, 0));
+    if (predicting) predict_launch(T, side);
     launch({1, T, 0, 0, 0}, side, [&](cudaStream_t s) { shared_expert(T, s); });
     MOECHECK_CUDA_CHECK(cudaEventRecord(ev_out, side));
+  } else if (predicting) {
+    predict_launch(T, main);
   }
 }
 
@@ -187,9 +242,19 @@ void MoeLayer::Impl::shared_expert(int64_t T, cudaStream_t s) {
 // weights.
 void MoeLayer::Impl::pack_plan(const LayerPlan& p, const PlanLayout& L) {
   auto* hp = h_plan.as<uint8_t>();
-  const std::vector<const uint8_t*> slots =
-      plan_slots(p, gate_exps.as<uint8_t>(), w.gate_exps.expert_stride(), up_exps.as<uint8_t>(),
-                 w.up_exps.expert_stride(), down_exps.as<uint8_t>(), w.down_exps.expert_stride());
+  std::vector<const uint8_t*> slots;
+  if (cache) {  // the lease's slots, in the plan's expert order (ascending id, as asked)
+    const int64_t U = p.n_experts();
+    slots.resize(static_cast<size_t>(3 * U));
+    for (int64_t u = 0; u < U; ++u)
+      for (int j = 0; j < 3; ++j)
+        slots[static_cast<size_t>(j * U + u)] =
+            cache->slot_data(pend.lease.slots[static_cast<size_t>(u)], kAllProjs[j]);
+  } else {
+    slots =
+        plan_slots(p, gate_exps.as<uint8_t>(), w.gate_exps.expert_stride(), up_exps.as<uint8_t>(),
+                   w.up_exps.expert_stride(), down_exps.as<uint8_t>(), w.down_exps.expert_stride());
+  }
   std::memcpy(hp + L.slots, slots.data(), slots.size() * sizeof(void*));
   std::memcpy(hp + L.groups, p.groups.data(), p.groups.size() * sizeof(MmvqGroup));
   std::memcpy(hp + L.rows, p.acc_rows.data(), p.acc_rows.size() * 4);
@@ -243,8 +308,8 @@ void MoeLayer::Impl::routed(const LayerPlan& p, const PlanLayout& L) {
 }
 
 // Routed experts, then (without the side stream) the shared expert, the join, the accumulation
-// and the output down to the host.
-void MoeLayer::Impl::finish(const LayerPlan& p, const PlanLayout& L, int64_t T) {
+// and the output down to the host, enqueued on the main stream (the caller synchronises).
+void MoeLayer::Impl::enqueue_tail(const LayerPlan& p, const PlanLayout& L, int64_t T) {
   const MoeConfig& c = w.config;
   launch({2, p.pairs(), p.n_experts() * kMaxGroupRows + p.max_group_rows,
           p.n_proj_groups * (p.pairs() + 1) + p.n_mmvq_groups, L.bytes},
@@ -258,11 +323,10 @@ void MoeLayer::Impl::finish(const LayerPlan& p, const PlanLayout& L, int64_t T) 
              reinterpret_cast<const float*>(plan.as<uint8_t>() + L.weights), c.topk,
              down.as<float>(), sd.as<float>(), acc.as<float>(), y.as<uint16_t>(), T, c.dim, main);
   MOECHECK_CUDA_CHECK(cudaMemcpyAsync(h_y.p, y.p, T * c.dim * 2, cudaMemcpyDeviceToHost, main));
-  MOECHECK_CUDA_CHECK(cudaStreamSynchronize(main));
 }
 
 // Weight bytes the forward read: the router, the used experts and the shared expert.
-uint64_t MoeLayer::Impl::bytes_read(const LayerPlan& p) const {
+uint64_t MoeLayer::Impl::weight_bytes(const LayerPlan& p) const {
   const MoeConfig& c = w.config;
   uint64_t bytes = static_cast<uint64_t>(c.n_routed * c.dim * 2);
   bytes += static_cast<uint64_t>(p.n_experts()) *
@@ -307,73 +371,49 @@ void MoeLayer::Impl::fold_taps(const uint16_t* xin, int64_t T, const Routing& rt
   taps.output.assign(h_y.as<uint16_t>(), h_y.as<uint16_t>() + T * dim);
 }
 
-// From here to the join, an error (host routing refuses the logits: a NaN key is an InputError
-// naming the token; a plan allocation fails) would leave while the shared expert may still run on
-// the side stream, reading x and writing its buffers: the fence waits for it first, so the next
-// forward starts from idle streams.
-struct SideFence {
-  cudaStream_t side;
-  bool use;
-  bool armed = true;
-  ~SideFence() {
-    if (armed && use) (void)cudaStreamSynchronize(side);
-  }
-};
-
 std::vector<uint16_t> MoeLayer::forward(const uint16_t* xin, int64_t T, LayerTaps* taps,
                                         LayerTiming* timing, const uint8_t* image_mask) {
   Impl& m = *impl_;
   const MoeConfig& c = m.w.config;
   m.check_tokens(T, "forward");
   if (T == 0) return {};
+  if (m.o.route == RoutePlace::kHost) {
+    m.stage(xin, T, image_mask);
+    m.launch_staged();
+    return m.finish_staged(taps, timing);
+  }
   const auto t_start = std::chrono::steady_clock::now();
   MOECHECK_CUDA_CHECK(cudaSetDevice(m.o.device));
   m.reserve(T);
-  const bool on_device = m.o.route == RoutePlace::kDevice;
   const bool masked = image_mask != nullptr && m.w.bias_vl != nullptr;
   SideFence fence{m.side, m.o.shared_side_stream};
-  Routing rt;
+  std::memcpy(m.h_x.p, xin, static_cast<size_t>(T * c.dim * 2));
+  MOECHECK_CUDA_CHECK(
+      cudaMemcpyAsync(m.x.p, m.h_x.p, T * c.dim * 2, cudaMemcpyHostToDevice, m.main));
+  if (masked) {
+    std::memcpy(m.h_mask.p, image_mask, static_cast<size_t>(T));
+    MOECHECK_CUDA_CHECK(cudaMemcpyAsync(m.mask.p, m.h_mask.p, T, cudaMemcpyHostToDevice, m.main));
+  }
+  LayerTiming tm;
+  if (m.cache) m.forward_device_cached(T, masked, image_mask, &tm);
+  else m.device_pass(T, masked);
+  fence.armed = false;  // finish_device joined the side stream
+  const Routing rt = m.header_routing(T, image_mask);
   LayerPlan plan;
-  std::chrono::steady_clock::time_point t_routed;
-  if (!on_device) {
-    m.pre_route(xin, T);
-    MOECHECK_CUDA_CHECK(cudaStreamSynchronize(m.main));
-    rt = route_from_logits(m.h_logits.as<float>(), T, RouteBias{m.w.bias, m.w.bias_vl, image_mask},
-                           c, m.w.layer);
-    m.check_resident(rt);
+  if (taps != nullptr || timing != nullptr)
     plan = build_layer_plan(rt, c.n_routed, m.o.mmvq_max_rows);
-    const PlanLayout layout(plan);
-    m.reserve_plan(layout.bytes);
-    m.pack_plan(plan, layout);
-    t_routed = std::chrono::steady_clock::now();
-    m.finish(plan, layout, T);
-  } else {
-    std::memcpy(m.h_x.p, xin, static_cast<size_t>(T * c.dim * 2));
+  if (taps != nullptr)
     MOECHECK_CUDA_CHECK(
-        cudaMemcpyAsync(m.x.p, m.h_x.p, T * c.dim * 2, cudaMemcpyHostToDevice, m.main));
-    if (masked) {
-      std::memcpy(m.h_mask.p, image_mask, static_cast<size_t>(T));
-      MOECHECK_CUDA_CHECK(cudaMemcpyAsync(m.mask.p, m.h_mask.p, T, cudaMemcpyHostToDevice, m.main));
-    }
-    m.launch({5, T, masked ? 1 : 0, 0, 0}, m.main, [&](cudaStream_t) { m.device_body(T, masked); });
-    t_routed = t_start;  // the selection runs inside the enqueued forward (compute_ms)
-    m.finish_device(T);
-  }
-  fence.armed = false;  // finish joined the side stream
-  if (on_device) {
-    rt = m.header_routing(T, image_mask);
-    if (taps != nullptr || timing != nullptr)
-      plan = build_layer_plan(rt, c.n_routed, m.o.mmvq_max_rows);
-    if (taps != nullptr)
-      MOECHECK_CUDA_CHECK(
-          cudaMemcpy(m.h_logits.p, m.logits.p, T * c.n_routed * 4, cudaMemcpyDeviceToHost));
-  }
+        cudaMemcpy(m.h_logits.p, m.logits.p, T * c.n_routed * 4, cudaMemcpyDeviceToHost));
   std::vector<uint16_t> out(m.h_y.as<uint16_t>(), m.h_y.as<uint16_t>() + T * c.dim);
-  const auto t_end = std::chrono::steady_clock::now();
   if (timing != nullptr) {
-    timing->route_ms += std::chrono::duration<double, std::milli>(t_routed - t_start).count();
-    timing->compute_ms += std::chrono::duration<double, std::milli>(t_end - t_routed).count();
-    timing->bytes_read += m.bytes_read(plan);
+    // The selection runs inside the enqueued forward: route_ms stays 0, the rest is compute.
+    const double total =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start)
+            .count();
+    tm.compute_ms = total - tm.fetch_ms;
+    tm.weight_bytes = m.weight_bytes(plan);
+    timing->add(tm);
   }
   if (taps != nullptr) {
     m.fold_taps(xin, T, rt, plan, *taps);

@@ -17,6 +17,8 @@
 
 namespace moecheck::cuda {
 
+class ExpertLru;
+
 // Where the top-k selection runs (core/routing.h): kHost (the seeds' default) downloads the logits
 // and routes with route_from_logits; kDevice runs route_select on the device (cuda/route_select.cu:
 // the slot table, the route header and the plan built there, no host round trip before the routed
@@ -38,6 +40,21 @@ struct LayerOptions {
   // and a larger T is refused with an InputError naming it; 0: buffers grow with the largest T
   // seen, which drops the captured graphs when they move).
   int64_t max_tokens = 0;
+  // With an expert cache and a next layer (set_next): how many of the next layer's predicted
+  // experts (its router on this layer's input, routed on the host with its bias, ranked by
+  // core/routing_trace.h prefetch_order) start reading while this layer computes; 0: off. Needs
+  // the cache's reader pool. No bit depends on it.
+  int prefetch_k = 0;
+};
+
+// What stage() leaves for launch() and finish() (the seeds' MoeV41Stage): the routing, the
+// distinct expert count, and the timing of the host span so far (route_ms, fetch_ms, hits,
+// misses, bytes_read).
+struct MoeStage {
+  int64_t tokens = 0;
+  int64_t n_experts = 0;
+  Routing routing;
+  LayerTiming timing;
 };
 
 class MoeLayer {
@@ -46,6 +63,12 @@ class MoeLayer {
   // uploads the router, every routed expert (resident; kernels read them through a device
   // table of slot pointers) and the shared expert to `o.device`.
   explicit MoeLayer(const LayerWeights& w, LayerOptions o = {});
+  // The streamed layer: the router and the shared expert are uploaded; the routed experts are
+  // read through `cache` (its slots, its slot table; misses from its source), never uploaded
+  // from w, whose stacks need only their types and shapes (data may be nullptr: WeightTypes::
+  // kStreamed). The cache may serve many layers; it must have the layer's expert shapes and
+  // n_routed. Every output bit equals the resident layer's (docs/streaming.md).
+  MoeLayer(const LayerWeights& w, std::shared_ptr<ExpertLru> cache, LayerOptions o = {});
   ~MoeLayer();
   MoeLayer(const MoeLayer&) = delete;
   MoeLayer& operator=(const MoeLayer&) = delete;
@@ -56,6 +79,25 @@ class MoeLayer {
                                 LayerTiming* timing = nullptr, const uint8_t* image_mask = nullptr);
 
   const LayerOptions& options() const;
+  int layer() const;
+
+  // The layer whose experts this layer's forward predicts and prefetches (options().prefetch_k >
+  // 0): its router runs on this layer's input. Both layers must share the cache; nullptr: none.
+  // `next` must outlive this layer's forwards.
+  void set_next(const MoeLayer* next);
+
+  // The host route's forward in three steps, for callers that pipeline layers (the seeds'
+  // stage_m1 / compute_m1): stage() uploads x, runs q8_1 and the router, routes on the host,
+  // acquires the experts from the cache (reading the misses), starts the shared expert on the
+  // side stream and the prefetch of the next layer; launch() enqueues the routed experts, the join
+  // and the accumulation without waiting; finish() waits, hands the experts back to the cache
+  // and returns the output (taps and timing as forward()). forward() on the host route is the
+  // three in a row. One stage per layer at a time (InputError otherwise); between a layer's
+  // stage() and finish() other layers may stage, launch and finish: each layer has its own
+  // buffers and streams. InputError on the device route.
+  const MoeStage& stage(const uint16_t* x, int64_t T, const uint8_t* image_mask = nullptr);
+  void launch();
+  std::vector<uint16_t> finish(LayerTaps* taps = nullptr, LayerTiming* timing = nullptr);
 
   // The device-resident forward of the device route (route = kDevice; InputError otherwise): the
   // whole layer, q8_1 and router through the shared expert's join and the bf16 output, as one
@@ -64,16 +106,18 @@ class MoeLayer {
   // legacy default stream) with no host copy and no synchronisation. Write x (bf16 [T, dim])
   // to device_input(T), replay, then read device_output(). The pointers stay valid until a
   // forward with a larger T. After the stream has finished, device_routing(T) raises the route
-  // header's status (NaN key, miss) as forward() does, else returns the picks and weights.
+  // header's status (NaN key, miss) as forward() does, else returns the picks and weights. With
+  // an expert cache the replay reads whatever the slot table holds: a pick no slot holds is the
+  // miss error of device_routing (forward() instead reads the misses and runs again).
   uint16_t* device_input(int64_t T);
   const uint16_t* device_output() const;
   void graph_forward(int64_t T, void* stream = nullptr);
   Routing device_routing(int64_t T);
 
-  // The slot table's row of this layer: resident[e] != 0 keeps expert e in its slot, 0 marks it
-  // not resident (-1). Until the expert cache fills slots, a forward whose picks include a
-  // non-resident expert fails (InputError naming layer, token and expert; on the device route
-  // through the route header's miss flag). Default: every expert resident.
+  // The resident layer's slot table row: resident[e] != 0 keeps expert e in its slot, 0 marks it
+  // not resident (-1), so a forward whose picks include it fails (InputError naming layer, token
+  // and expert; on the device route through the route header's miss flag). Default: every
+  // expert resident. Refused (InputError) for a streamed layer, whose cache owns the table.
   void set_resident(const std::vector<uint8_t>& resident);
 
  private:

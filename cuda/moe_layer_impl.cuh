@@ -5,7 +5,9 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "core/routing.h"
 #include "cuda/check.h"
 #include "cuda/device_buffers.cuh"
+#include "cuda/expert_lru.h"
 #include "cuda/kernels.h"
 #include "cuda/moe_layer.h"
 
@@ -44,10 +47,24 @@ struct PlanLayout {
       : PlanLayout(p.n_experts(), static_cast<int64_t>(p.groups.size()), p.pairs()) {}
 };
 
+// From pre_route to the join, an error (host routing refuses the logits: a NaN key is an
+// InputError naming the token; a cache read fails) would leave while the shared expert may still
+// run on the side stream, reading x and writing its buffers: the fence waits for it first, so the
+// next forward starts from idle streams.
+struct SideFence {
+  cudaStream_t side;
+  bool use;
+  bool armed = true;
+  ~SideFence() {
+    if (armed && use) (void)cudaStreamSynchronize(side);
+  }
+};
+
 }  // namespace layer_detail
 
 using layer_detail::copy_back;
 using layer_detail::PlanLayout;
+using layer_detail::SideFence;
 
 struct MoeLayer::Impl {
   LayerWeights w;
@@ -65,6 +82,26 @@ struct MoeLayer::Impl {
   DevBuf bias, bias_vl, slot_table, slot_ptrs, hdr, dplan, mask;
   PinnedBuf h_hdr, h_mask;
   std::vector<int32_t> slot_row;
+  // Streaming: the cache the routed experts come from (null: resident stacks), the layer whose
+  // experts the forward prefetches, its predicted logits.
+  std::shared_ptr<ExpertLru> cache;
+  const MoeLayer* next = nullptr;
+  DevBuf pred_logits;
+  PinnedBuf h_pred;
+  cudaEvent_t ev_pred = nullptr;
+  // The host route's stage in flight (stage() .. finish()).
+  struct Pending {
+    bool staged = false, launched = false;
+    int64_t T = 0;
+    std::vector<uint16_t> x;  // the input, for the taps
+    std::vector<uint8_t> mask;
+    LayerPlan plan;
+    PlanLayout layout{0, 0, 0};
+    bool leased = false;
+    CacheLease lease;
+    std::chrono::steady_clock::time_point t_start, t_launch;
+  } pend;
+  MoeStage stage_out;
   // Captured launch sequences keyed by (phase, shape...): 0 = before routing (T), 1 = shared
   // expert (T), 2 = routed experts (P, U and max group, G (P + 1) + Gs for the G groups per
   // projection of which Gs run on MMVQ, plan bytes), 5 = the whole
@@ -74,6 +111,7 @@ struct MoeLayer::Impl {
 
   ~Impl() {
     drop_graphs();
+    if (ev_pred != nullptr) (void)cudaEventDestroy(ev_pred);
     if (ev_in != nullptr) (void)cudaEventDestroy(ev_in);
     if (ev_out != nullptr) (void)cudaEventDestroy(ev_out);
     if (side != nullptr) (void)cudaStreamDestroy(side);
@@ -121,6 +159,7 @@ struct MoeLayer::Impl {
   }
 
   void setup_device();
+  void reserve_max();
   void upload_weights();
   void upload_slots();
   int64_t header_words(int64_t T) const { return RouteHeaderLayout{T, w.config.topk}.words(); }
@@ -133,14 +172,27 @@ struct MoeLayer::Impl {
   void reserve(int64_t T);
   void check_tokens(int64_t T, const char* op) const;
   void reserve_plan(size_t bytes);
-  void pre_route(const uint16_t* xin, int64_t T);
+  void pre_route(const uint16_t* xin, int64_t T, bool predicting);
   void shared_expert(int64_t T, cudaStream_t s);
   void pack_plan(const LayerPlan& p, const PlanLayout& L);
   void routed(const LayerPlan& p, const PlanLayout& L);
   void routed_gate_up(const LayerPlan& p, const uint8_t* const* slots, const MmvqGroup* groups);
-  void finish(const LayerPlan& p, const PlanLayout& L, int64_t T);
+  void enqueue_tail(const LayerPlan& p, const PlanLayout& L, int64_t T);
   void finish_device(int64_t T);
-  uint64_t bytes_read(const LayerPlan& p) const;
+  uint64_t weight_bytes(const LayerPlan& p) const;
+  // The slot table row of this layer and the slots' gate / up / down pointer arrays (the
+  // resident stacks' or the cache's), and how many slots each array holds.
+  const int32_t* table_row() const;
+  const uint8_t* const* slot_array(int proj) const;
+  // Host route (cuda/moe_layer_stage.cu): the three steps and the prefetch.
+  void stage(const uint16_t* x, int64_t T, const uint8_t* image_mask);
+  void launch_staged();
+  std::vector<uint16_t> finish_staged(LayerTaps* taps, LayerTiming* timing);
+  void predict_launch(int64_t T, cudaStream_t s);
+  void prefetch_next(int64_t T, const uint8_t* image_mask);
+  // Device route with a cache: run, read the misses when the header has any, run again.
+  void forward_device_cached(int64_t T, bool masked, const uint8_t* image_mask, LayerTiming* tm);
+  void device_pass(int64_t T, bool masked);
   void fold_taps(const uint16_t* xin, int64_t T, const Routing& rt, const LayerPlan& p,
                  LayerTaps& taps);
 };

@@ -17,6 +17,9 @@ namespace moecheck::cuda {
 void MoeLayer::set_resident(const std::vector<uint8_t>& resident) {
   Impl& m = *impl_;
   const int64_t E = m.w.config.n_routed;
+  if (m.cache)
+    throw InputError("cuda::MoeLayer: layer " + std::to_string(m.w.layer) +
+                     ", set_resident: a streamed layer's slot table belongs to its expert cache");
   if (static_cast<int64_t>(resident.size()) != E)
     throw InputError("cuda::MoeLayer: layer " + std::to_string(m.w.layer) +
                      ", set_resident: need one flag per routed expert (" + std::to_string(E) +
@@ -46,9 +49,20 @@ void MoeLayer::Impl::upload_slots() {
   upload(slot_ptrs, ptrs.data(), ptrs.size() * sizeof(void*));
 }
 
-// Host route: a pick whose slot is -1 fails as the device route's miss flag does (the lowest
-// token, then its lowest such expert id).
+const int32_t* MoeLayer::Impl::table_row() const {
+  const int64_t E = w.config.n_routed;
+  return (cache ? cache->slot_table() : slot_table.as<int32_t>()) + w.layer * E;
+}
+
+const uint8_t* const* MoeLayer::Impl::slot_array(int proj) const {
+  if (cache) return cache->slot_ptrs() + proj * cache->n_slots();
+  return slot_ptrs.as<const uint8_t*>() + proj * w.config.n_routed;
+}
+
+// Host route of a resident layer: a pick whose slot is -1 fails as the device route's miss flag
+// does (the lowest token, then its lowest such expert id). A streamed layer's cache reads it.
 void MoeLayer::Impl::check_resident(const Routing& rt) const {
+  if (cache) return;
   for (int64_t t = 0; t < rt.tokens; ++t) {
     int32_t worst = -1;
     for (int64_t j = 0; j < rt.topk; ++j) {
@@ -77,16 +91,16 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked) {
                        static_cast<int>(c.score_func),
                        c.norm_topk_prob,
                        o.mmvq_max_rows};
-  const int32_t* row = slot_table.as<int32_t>() + w.layer * E;
+  const int32_t* row = table_row();
   const float* bvl = w.bias_vl != nullptr ? bias_vl.as<float>() : nullptr;
   const uint8_t* mk = masked ? mask.as<uint8_t>() : nullptr;
-  const auto* const* sp = slot_ptrs.as<const uint8_t*>();
   if (T == 1) {  // selection and plan in one launch
     route_select_plan_one(logits.as<float>(), bias.as<float>(), bvl, mk, rp, row, layer_header(T),
-                          sp, sp + E, sp + 2 * E, dplan.as<uint8_t>(), main);
+                          slot_array(0), slot_array(1), slot_array(2), dplan.as<uint8_t>(), main);
   } else {
     route_select(logits.as<float>(), T, bias.as<float>(), bvl, mk, rp, row, layer_header(T), main);
-    route_plan(layer_header(T), T, rp, row, sp, sp + E, sp + 2 * E, dplan.as<uint8_t>(), main);
+    route_plan(layer_header(T), T, rp, row, slot_array(0), slot_array(1), slot_array(2),
+               dplan.as<uint8_t>(), main);
   }
   const auto* slots = reinterpret_cast<const uint8_t* const*>(dplan.as<uint8_t>() + D.slots);
   const auto* groups = reinterpret_cast<const MmvqGroup*>(dplan.as<uint8_t>() + D.groups);
@@ -193,8 +207,10 @@ const uint16_t* MoeLayer::device_output() const { return impl_->y.as<uint16_t>()
 void MoeLayer::graph_forward(int64_t T, void* stream) {
   Impl& m = *impl_;
   m.require_graph_route(T, "graph_forward");
+  if (m.cache) m.cache->fence(stream);
   m.launch_graph({5, T, 0, 0, 0}, m.main, static_cast<cudaStream_t>(stream),
                  [&](cudaStream_t) { m.device_body(T, false); });
+  if (m.cache) m.cache->layer_used(m.w.layer, stream);
 }
 
 Routing MoeLayer::device_routing(int64_t T) {
