@@ -128,6 +128,44 @@ void write_trace_keeping_nothing(const RunArgs& a, const TraceFile& t) {
   }
 }
 
+// What run prints: the files written and each layer's output L2 (and image-span tokens).
+void print_run(const RunArgs& a, const Dump& d, const TraceFile& trace) {
+  if (a.json) {
+    Json j;
+    j.begin_object()
+        .kv("file", a.out)
+        .kv("implementation", d.meta.implementation)
+        .kv("variant", d.meta.variant);
+    if (!a.trace.empty()) j.kv("trace", a.trace);
+    j.kv("tokens", d.meta.tokens).kv("taps", d.meta.taps).key("layers").begin_array();
+    for (const LayerTaps& t : d.layers)
+      j.begin_object()
+          .kv("layer", t.layer)
+          .kv("image_tokens", image_token_count(t))
+          .kv("output_l2", output_l2(t.output))
+          .end_object();
+    j.end_array().end_object();
+    std::printf("%s\n", j.str().c_str());
+  } else {
+    std::printf("wrote %s: %s (%s), %zu layer(s) x %lld token(s)%s, model %s\n", a.out.c_str(),
+                d.meta.implementation.c_str(), d.meta.variant.c_str(), d.layers.size(),
+                static_cast<long long>(d.meta.tokens), d.meta.taps ? ", all stages" : "",
+                d.meta.model_file.c_str());
+    if (!a.trace.empty())
+      std::printf("wrote %s: the routing trace, %zu layer(s), %zu with predictions\n",
+                  a.trace.c_str(), trace.trace.layers.size(),
+                  trace.trace.layers.empty() ? size_t{0} : trace.trace.layers.size() - 1);
+    for (const LayerTaps& t : d.layers) {
+      const int64_t n = image_token_count(t);
+      std::printf(
+          "  layer %d: output L2 %.6g%s\n", t.layer, output_l2(t.output),
+          t.image_mask.empty()
+              ? ""
+              : (", " + std::to_string(n) + " image-span token(s) routed with bias_vl").c_str());
+    }
+  }
+}
+
 int run_run(const RunArgs& a, const RunGiven& g) {
   const bool input_seed_given = g.seed->count() > 0;
   if (!a.input.empty() && (input_seed_given || a.chain))
@@ -170,40 +208,7 @@ int run_run(const RunArgs& a, const RunGiven& g) {
   }
   write_dump(a.out, d);
   if (!a.trace.empty()) write_trace_keeping_nothing(a, trace);
-  if (a.json) {
-    Json j;
-    j.begin_object()
-        .kv("file", a.out)
-        .kv("implementation", d.meta.implementation)
-        .kv("variant", d.meta.variant);
-    if (!a.trace.empty()) j.kv("trace", a.trace);
-    j.kv("tokens", d.meta.tokens).kv("taps", d.meta.taps).key("layers").begin_array();
-    for (const LayerTaps& t : d.layers)
-      j.begin_object()
-          .kv("layer", t.layer)
-          .kv("image_tokens", image_token_count(t))
-          .kv("output_l2", output_l2(t.output))
-          .end_object();
-    j.end_array().end_object();
-    std::printf("%s\n", j.str().c_str());
-  } else {
-    std::printf("wrote %s: %s (%s), %zu layer(s) x %lld token(s)%s, model %s\n", a.out.c_str(),
-                d.meta.implementation.c_str(), d.meta.variant.c_str(), d.layers.size(),
-                static_cast<long long>(d.meta.tokens), d.meta.taps ? ", all stages" : "",
-                d.meta.model_file.c_str());
-    if (!a.trace.empty())
-      std::printf("wrote %s: the routing trace, %zu layer(s), %zu with predictions\n",
-                  a.trace.c_str(), trace.trace.layers.size(),
-                  trace.trace.layers.empty() ? size_t{0} : trace.trace.layers.size() - 1);
-    for (const LayerTaps& t : d.layers) {
-      const int64_t n = image_token_count(t);
-      std::printf(
-          "  layer %d: output L2 %.6g%s\n", t.layer, output_l2(t.output),
-          t.image_mask.empty()
-              ? ""
-              : (", " + std::to_string(n) + " image-span token(s) routed with bias_vl").c_str());
-    }
-  }
+  print_run(a, d, trace);
   return kExitSame;
 }
 
