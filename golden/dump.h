@@ -45,7 +45,7 @@ struct DumpMeta {
   MoeConfig config;
   bool has_model_seed = false;  // the GGUF carried the generator's seed key
   uint64_t model_seed = 0;
-  std::string input_source;  // "seed", "seed+chain", "dump:<file name>"
+  std::string input_source;  // "seed", "seed+chain", "seed+chain+residual", "dump:<file name>"
   uint64_t input_seed = 0;   // meaningful when input_source starts with "seed"
   int64_t tokens = 0;
   std::vector<int32_t> layers;  // ascending order of the /layers groups

@@ -79,6 +79,17 @@ TEST_F(CliFlags, EveryFlagsBadValueIsExit2NamingIt) {
       {"sensitivity --model {m} --tokens 0", "--tokens: Value 0 not in range"},
       {"golden verify --data " + p("nodir"), "manifest.txt: cannot open the golden manifest"},
       {"frobnicate", "unknown command \"frobnicate\""},
+      {"run --impl emu --model {m} --residual -o {o}", "--residual: "},
+      {"run --impl emu --model {m} --chain --trace " + p("nodir") + "/t.json -o {o}",
+       "--trace " + p("nodir") + "/t.json: directory"},
+      {"cache --trace missing.json", "missing.json: trace file does not exist"},
+      {"cache --trace {x}", "not valid JSON"},
+      {"cache --synthetic layers=0", "--synthetic: layers=0: expected 1 to 4096"},
+      {"cache --synthetic layers=2 --order x", "--order: x not in {batch,decode}"},
+      {"cache --synthetic layers=2 --sizes x", "--sizes \"x\": piece \"x\" does not start"},
+      {"cache --synthetic layers=2 --prefetch-k x", "--prefetch-k x: expected a whole number"},
+      {"cache --synthetic layers=2 --save-trace " + p("nodir") + "/t.json",
+       "--save-trace " + p("nodir") + "/t.json: directory"},
   };
   for (const Case& c : cases) {
     std::string a = fill(c.args, "{m}", p("tiny.gguf"));

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/numfmt.h"
 #include "golden/adversarial.h"
+#include "golden/trace_file.h"
 #include "tools/commands.h"
 #include "tools/json.h"
 #include "tools/preflight.h"
@@ -26,6 +27,8 @@ struct RunArgs {
   uint64_t input_seed = 1;
   std::string input;
   bool chain = false;
+  bool residual = false;
+  std::string trace;
   bool taps = false;
   std::string out;
   std::string precision = "model";
@@ -101,46 +104,39 @@ void require_run_memory(const RunArgs& a, const LoadedModel& m, const RunSpec& s
   else require_memory("--input", a.input, need);
 }
 
-int run_run(const RunArgs& a, const RunGiven& g) {
-  const bool input_seed_given = g.seed->count() > 0;
-  if (!a.input.empty() && (input_seed_given || a.chain))
-    throw InputError(
-        "--input takes each layer's input from the dump; it cannot be combined with --input-seed "
-        "or --chain");
-  RunSpec spec;
-  spec.impl = parse_impl(a.impl, "--impl");
-  refuse_foreign_knobs(a, spec.impl, g);
-  require_output_file("-o", a.out, {{"--model", a.model}, {"--input", a.input}});
-  spec.knobs.precision = a.precision == "exact" ? RefPrecision::kExact : RefPrecision::kModel;
-  spec.knobs.router = a.router == "plain" ? RouterVariant::kPlain : RouterVariant::kStaged;
-  spec.knobs.expert_warps = a.warps;
-  spec.knobs.shared_side_stream = a.shared_side == "on";
-  spec.knobs.mmvq_max_rows = a.mmvq_max_rows;
-  spec.knobs.route = parse_route_place(a.route, "--route");
-  if (!a.layers.empty()) spec.layers = parse_layer_list(a.layers);
-  spec.tokens = a.tokens;
-  spec.input.seed = a.input_seed;
-  spec.input.dump_path = a.input;
-  spec.input.chain = a.chain;
-  spec.input.adversarial = a.adversarial;
-  spec.input.image_tokens = a.image_tokens;
-  spec.taps = a.taps;
-  const LoadedModel m = load_model(a.model, a.hash_file);
-  require_run_memory(a, m, spec);
-  Dump d;
-  {
-    Progress p("run " + a.impl,
-               static_cast<int64_t>(spec.layers.empty() ? m.file.n_layers() : spec.layers.size()),
-               !a.json);
-    d = run_layers(m, spec, &p);
+// --trace names a file to write that is neither an input nor the dump (-o).
+void require_trace_file(const RunArgs& a) {
+  std::error_code ec;
+  const auto t = std::filesystem::weakly_canonical(a.trace, ec);
+  const auto o = std::filesystem::weakly_canonical(a.out, ec);
+  if (t == o || (std::filesystem::exists(a.trace) && std::filesystem::exists(a.out) &&
+                 std::filesystem::equivalent(a.trace, a.out, ec)))
+    throw InputError("--trace " + a.trace + ": is the same file as -o " + a.out +
+                     " (the dump and the trace are two files)");
+  require_output_file("--trace", a.trace, {{"--model", a.model}, {"--input", a.input}});
+}
+
+// The trace after the dump: when it cannot be written the dump is removed too, so an error
+// leaves neither file.
+void write_trace_keeping_nothing(const RunArgs& a, const TraceFile& t) {
+  try {
+    write_trace_file(a.trace, t);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(a.out, ec);
+    throw;
   }
-  write_dump(a.out, d);
+}
+
+// What run prints: the files written and each layer's output L2 (and image-span tokens).
+void print_run(const RunArgs& a, const Dump& d, const TraceFile& trace) {
   if (a.json) {
     Json j;
     j.begin_object()
         .kv("file", a.out)
         .kv("implementation", d.meta.implementation)
         .kv("variant", d.meta.variant);
+    if (!a.trace.empty()) j.kv("trace", a.trace);
     j.kv("tokens", d.meta.tokens).kv("taps", d.meta.taps).key("layers").begin_array();
     for (const LayerTaps& t : d.layers)
       j.begin_object()
@@ -155,6 +151,10 @@ int run_run(const RunArgs& a, const RunGiven& g) {
                 d.meta.implementation.c_str(), d.meta.variant.c_str(), d.layers.size(),
                 static_cast<long long>(d.meta.tokens), d.meta.taps ? ", all stages" : "",
                 d.meta.model_file.c_str());
+    if (!a.trace.empty())
+      std::printf("wrote %s: the routing trace, %zu layer(s), %zu with predictions\n",
+                  a.trace.c_str(), trace.trace.layers.size(),
+                  trace.trace.layers.empty() ? size_t{0} : trace.trace.layers.size() - 1);
     for (const LayerTaps& t : d.layers) {
       const int64_t n = image_token_count(t);
       std::printf(
@@ -164,6 +164,51 @@ int run_run(const RunArgs& a, const RunGiven& g) {
               : (", " + std::to_string(n) + " image-span token(s) routed with bias_vl").c_str());
     }
   }
+}
+
+int run_run(const RunArgs& a, const RunGiven& g) {
+  const bool input_seed_given = g.seed->count() > 0;
+  if (!a.input.empty() && (input_seed_given || a.chain))
+    throw InputError(
+        "--input takes each layer's input from the dump; it cannot be combined with --input-seed "
+        "or --chain");
+  if (a.residual && !a.chain)
+    throw InputError(
+        "--residual: the residual stream feeds layer L's input + output to the next layer run; "
+        "it needs --chain");
+  RunSpec spec;
+  spec.impl = parse_impl(a.impl, "--impl");
+  refuse_foreign_knobs(a, spec.impl, g);
+  require_output_file("-o", a.out, {{"--model", a.model}, {"--input", a.input}});
+  if (!a.trace.empty()) require_trace_file(a);
+  spec.knobs.precision = a.precision == "exact" ? RefPrecision::kExact : RefPrecision::kModel;
+  spec.knobs.router = a.router == "plain" ? RouterVariant::kPlain : RouterVariant::kStaged;
+  spec.knobs.expert_warps = a.warps;
+  spec.knobs.shared_side_stream = a.shared_side == "on";
+  spec.knobs.mmvq_max_rows = a.mmvq_max_rows;
+  spec.knobs.route = parse_route_place(a.route, "--route");
+  if (!a.layers.empty()) spec.layers = parse_layer_list(a.layers);
+  spec.tokens = a.tokens;
+  spec.input.seed = a.input_seed;
+  spec.input.dump_path = a.input;
+  spec.input.chain = a.chain;
+  spec.input.residual = a.residual;
+  spec.input.adversarial = a.adversarial;
+  spec.input.image_tokens = a.image_tokens;
+  spec.taps = a.taps;
+  const LoadedModel m = load_model(a.model, a.hash_file);
+  require_run_memory(a, m, spec);
+  Dump d;
+  TraceFile trace;
+  {
+    Progress p("run " + a.impl,
+               static_cast<int64_t>(spec.layers.empty() ? m.file.n_layers() : spec.layers.size()),
+               !a.json);
+    d = run_layers(m, spec, &p, a.trace.empty() ? nullptr : &trace);
+  }
+  write_dump(a.out, d);
+  if (!a.trace.empty()) write_trace_keeping_nothing(a, trace);
+  print_run(a, d, trace);
   return kExitSame;
 }
 
@@ -179,10 +224,11 @@ void add_run(CLI::App& app, int& rc) {
       "  moecheck run --impl ref --precision exact --model tiny.gguf --layers 0,2-5 -o ref.h5\n"
       "  moecheck run --impl cuda --model tiny.gguf --input emu.h5 --warps 4 -o cuda.h5\n"
       "  moecheck run --impl emu --model vl.gguf --image-tokens 2-5 -o vl.h5  # gen --vision\n"
+      "  moecheck run --impl emu --model m.gguf --chain --residual --trace t.json -o d.h5\n"
       "Inputs: each layer gets its own seeded bf16 input (~N(0,1)) unless --chain (layer L+1 "
       "takes\n"
       "layer L's output) or --input (each layer takes the dump's input of the same layer).\n"
-      "Exit codes: 0 written, 2 error (nothing is left at -o on error).");
+      "Exit codes: 0 written, 2 error (nothing is left at -o or --trace on error).");
   s->add_option("--impl", a->impl, "ref | emu | cuda")
       ->required()
       ->check(CLI::IsMember({"ref", "emu", "cuda"}));
@@ -197,6 +243,12 @@ void add_run(CLI::App& app, int& rc) {
                ->capture_default_str();
   s->add_option("--input", a->input, "take each layer's input from this dump");
   s->add_flag("--chain", a->chain, "feed layer L's output to the next layer run");
+  s->add_flag("--residual", a->residual,
+              "with --chain: feed bf16(input + output) of layer L to the next layer run (a "
+              "residual stream, as the model's)");
+  s->add_option("--trace", a->trace,
+                "also write the routing trace (picks, and picks predicted from the previous "
+                "layer's input) as JSON, for moecheck cache");
   s->add_flag(
       "--adversarial", a->adversarial,
       "append each layer's adversarial tokens (clamps, zero / exact tie, near tie, +1e-20) to the "

@@ -30,6 +30,7 @@ void add_inspect(CLI::App& app, int& rc);
 void add_sensitivity(CLI::App& app, int& rc);
 void add_import(CLI::App& app, int& rc);
 void add_export(CLI::App& app, int& rc);
+void add_cache(CLI::App& app, int& rc);
 
 // --image-tokens' value must name some token (an empty list would silently mean "no mask").
 inline CLI::Validator image_tokens_validator() {

@@ -114,6 +114,7 @@ int main(int argc, char** argv) {
   add_sensitivity(app, rc);
   add_import(app, rc);
   add_export(app, rc);
+  add_cache(app, rc);
   const bool json = wants_json(argc, argv);
   std::string unknown;
   const std::string command = command_path(app, argc, argv, &unknown);

@@ -13,6 +13,7 @@
 #include "golden/generator.h"
 #include "golden/sha256.h"
 #include "tools/progress.h"
+#include "tools/trace_record.h"
 
 #include "emulate/moe_layer.h"
 #include "reference/moe.h"
@@ -270,6 +271,10 @@ void require_finite_input(const std::string& file, int layer, const std::vector<
 RunInputs open_inputs(const LoadedModel& m, const RunSpec& spec, DumpMeta& meta) {
   RunInputs in;
   const MoeConfig& c = m.file.config();
+  if (spec.input.residual && !spec.input.chain)
+    throw InputError(
+        "--residual: the residual stream feeds layer L's input + output to the next layer run; "
+        "it needs --chain");
   if (!spec.input.dump_path.empty()) {
     if (!spec.input.image_tokens.empty())
       throw InputError(
@@ -294,7 +299,8 @@ RunInputs open_inputs(const LoadedModel& m, const RunSpec& spec, DumpMeta& meta)
         "--adversarial: adversarial tokens are made per layer from its weights; they cannot be "
         "chained");
   meta.tokens = spec.tokens + (spec.input.adversarial ? kAdversarialTokens : 0);
-  meta.input_source = spec.input.chain         ? "seed+chain"
+  meta.input_source = spec.input.residual      ? "seed+chain+residual"
+                      : spec.input.chain       ? "seed+chain"
                       : spec.input.adversarial ? "seed+adversarial"
                                                : "seed";
   meta.input_seed = spec.input.seed;
@@ -329,9 +335,33 @@ const std::vector<uint8_t>& layer_mask(const LoadedModel& m, const RunSpec& spec
   return in.mask;
 }
 
+// The trace's header: the sizes and where it came from (model file, impl, tokens, inputs).
+void begin_trace(TraceFile& f, const DumpMeta& meta) {
+  f.trace = RoutingTrace{};
+  f.trace.n_routed = meta.config.n_routed;
+  f.trace.topk = meta.config.topk;
+  f.trace.tokens = meta.tokens;
+  f.trace.origin = meta.model_file + " " + meta.implementation + " " + std::to_string(meta.tokens) +
+                   " tokens " + meta.input_source;
+  f.expert_bytes = 0;
+}
+
+// Layer w's picks and, after the first layer run, its picks predicted from `prev_x`.
+void record_trace_layer(TraceFile& f, const RunSpec& spec, const LayerWeights& w,
+                        const LayerTaps& taps, const std::vector<uint16_t>* prev_x,
+                        const std::vector<uint8_t>& mask) {
+  TraceLayer l;
+  l.layer = w.layer;
+  l.picks = taps.topk_ids;
+  if (prev_x != nullptr)
+    l.predicted = predicted_picks(spec.knobs.router, w, *prev_x, taps.tokens, mask);
+  f.trace.layers.push_back(std::move(l));
+  f.expert_bytes = std::max(f.expert_bytes, routed_expert_bytes(w));
+}
+
 }  // namespace
 
-Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
+Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress, TraceFile* trace) {
   std::string why;
   if (!impl_available(spec.impl, &why)) throw InputError(why);
   std::vector<int> layers = spec.layers;
@@ -350,8 +380,9 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
   const RunInputs in = open_inputs(m, spec, d.meta);
   const int64_t T = d.meta.tokens;
   for (int L : layers) layer_mask(m, spec, in, m.file.layer(L));  // refusals before any run
+  if (trace) begin_trace(*trace, d.meta);
 
-  std::vector<uint16_t> carried;
+  std::vector<uint16_t> carried, prev_x;
   for (size_t i = 0; i < layers.size(); ++i) {
     const int L = layers[i];
     const LayerWeights w = m.file.layer(L);
@@ -372,6 +403,7 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
     taps.input = x;
     taps.image_mask = mask;  // every implementation's taps record the mask it was given
     taps.output = y;
+    if (trace) record_trace_layer(*trace, spec, w, taps, i > 0 ? &prev_x : nullptr, mask);
     if (!spec.taps) {
       taps.x_q8.clear();
       taps.experts.clear();
@@ -379,7 +411,8 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress) {
       taps.acc.clear();
     }
     d.slices.push_back(m.hasher->layer_slices(L, experts_used(taps.topk_ids), !mask.empty()));
-    carried = std::move(y);
+    carried = spec.input.residual ? residual_input(x, y, w.config.dim, L) : std::move(y);
+    prev_x = std::move(x);
     d.meta.layers.push_back(L);
     if (w.config.swiglu_limit != d.meta.config.swiglu_limit ||
         w.config.shared_swiglu_limit() != d.meta.config.shared_swiglu_limit())

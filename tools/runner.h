@@ -14,6 +14,7 @@
 #include "golden/dump.h"
 #include "golden/model_file.h"
 #include "golden/provenance.h"
+#include "golden/trace_file.h"
 
 namespace moecheck::cli {
 
@@ -44,6 +45,8 @@ struct InputSpec {
   uint64_t seed = 1;
   std::string dump_path;  // non-empty: the dump's input of each layer (same layer id)
   bool chain = false;     // layer L+1's input is layer L's output (in the order run)
+  // With chain: layer L+1's input is bf16(x_L + y_L), the residual stream (tools/trace_record.h).
+  bool residual = false;
   // Seeded inputs only: the layer's kAdversarialTokens tokens (golden/adversarial.h) follow the
   // T seeded ones, so each layer runs T + 4 tokens.
   bool adversarial = false;
@@ -88,7 +91,11 @@ std::vector<uint8_t> parse_image_tokens(const std::string& s, int64_t T);
 // would change nothing. InputError naming `flag`, the model and blk.L.exp_probs_b_vl.bias.
 void require_bias_vl(const LayerWeights& w, const std::string& model, const std::string& flag);
 
-Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress);
+// With `trace`: each layer run's picks (the taps' topk_ids) in run order and, for every layer
+// after the first, its picks predicted from the previous run layer's input
+// (tools/trace_record.h predicted_picks, whatever spec.impl), with origin and expert_bytes.
+Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress,
+                TraceFile* trace = nullptr);
 
 // The root attributes a run of spec.impl on m records (tokens and input_source are the caller's).
 DumpMeta make_meta(const LoadedModel& m, const RunSpec& spec);
