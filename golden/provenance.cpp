@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "golden/finite_check.h"
 #include "golden/sha256.h"
+#include "golden/synthetic_model.h"
 
 namespace moecheck {
 namespace {
@@ -85,7 +86,8 @@ std::string SliceHasher::slice(int layer, LayerTensor t, int32_t expert) {
                        std::to_string(expert));
     n = ti->nbytes / static_cast<uint64_t>(n_exp);
     p += static_cast<uint64_t>(expert) * n;
-    if (source_) {
+    // A synthetic layer someone holds filled is hashed in place (the same bytes, not made again).
+    if (source_ && !(held = m_.synthetic_image()->held_now(layer, true))) {
       made = read_expert(layer, t, expert, n);
       p = made.data();
     }

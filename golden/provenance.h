@@ -41,9 +41,10 @@ class SliceHasher {
   // The GGUF header: bytes [0, data offset) of the file.
   std::string header();
   // One tensor of layer L (expert < 0) or one expert's slice of a stacked tensor. A file's bytes
-  // are read through its mapping; of a synthetic model an expert's slice is made through
-  // expert_source() into a buffer (the layer is not filled), a whole tensor read while the layer
-  // (resident_layer, or layer for a whole stack) holds it.
+  // are read through its mapping; of a synthetic model an expert's slice is hashed in place when
+  // its layer is filled now (someone holds it), else made through expert_source() into a buffer
+  // (the layer is not filled for it); a whole tensor is read while the layer (resident_layer, or
+  // layer for a whole stack) holds it.
   std::string slice(int layer, LayerTensor t, int32_t expert);
   // Hands in the digest of a slice hashed (and finite-checked) elsewhere, e.g. by an expert cache's
   // reader threads; slice() then returns it without reading. `sha256` must be 64 lower-case hex

@@ -178,6 +178,15 @@ std::shared_ptr<const void> SyntheticImage::hold(int layer, bool stacks) const {
   return stacks ? part1 : part0;
 }
 
+std::shared_ptr<const void> SyntheticImage::held_now(int layer, bool stacks) const {
+  if (layer < 0 || layer >= options_.n_layers) return nullptr;
+  std::shared_ptr<const void> h;  // before the lock, as in hold()
+  Slot& s = slots_[layer];
+  std::lock_guard<std::mutex> lock(s.mu);
+  h = s.live[stacks ? 1 : 0].lock();
+  return h;
+}
+
 // The pages that lie wholly inside each piece are given back (the next read sees zeros until a
 // fill); a page a piece shares with its neighbour keeps its bytes, which a refill rewrites the
 // same.

@@ -70,6 +70,8 @@ class SyntheticImage : public std::enable_shared_from_this<SyntheticImage> {
   // Keeps layer L's part 0 (and with `stacks` part 1) filled while the handle lives; fills what
   // is not filled yet.
   std::shared_ptr<const void> hold(int layer, bool stacks) const;
+  // The same handle when that is filled now (someone holds it), else nullptr: nothing is made.
+  std::shared_ptr<const void> held_now(int layer, bool stacks) const;
   // The SHA-256 of the whole image (the file `gen` writes), filling one layer at a time.
   std::string sha256() const;
   SyntheticStats stats() const;
