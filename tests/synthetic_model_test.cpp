@@ -7,11 +7,14 @@
 // hashes an expert without filling its layer and takes digests handed in.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <string>
 #include <thread>
 
 #include "core/error.h"
@@ -272,6 +275,33 @@ TEST(SyntheticModel, BadSpecsAreRefusedNamingTheKey) {
     expect_error([&, spec = spec] { ModelFile::open(spec); }, {spec + ": ", part}, spec);
     expect_error([&, spec = spec] { parse_synthetic_spec(spec); }, {part}, spec);
   }
+}
+
+// The child of the test below: opens ds41 at 40 layers with 8 GiB of address space left beyond
+// what the process maps now (a sanitizer's shadow included).
+[[noreturn]] void open_ds41_in_8_gib() {
+  std::ifstream status("/proc/self/status");
+  rlim_t now = 0;
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmSize:", 0) == 0) now = std::stoull(line.substr(7)) << 10;  // kB
+  const rlimit lim{now + (rlim_t{8} << 30), now + (rlim_t{8} << 30)};
+  ::setrlimit(RLIMIT_AS, &lim);
+  try {
+    ModelFile::open("synthetic:ds41,layers=40");
+  } catch (const InputError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::_Exit(2);
+  }
+  std::_Exit(0);
+}
+
+// Address space the process may not have: the image cannot be mapped, an InputError naming the
+// spec and the size (in a child, whose address-space limit leaves it 8 GiB more).
+TEST(SyntheticModel, AnImageBeyondTheAddressSpaceLimitIsRefusedNamingTheSize) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(open_ds41_in_8_gib(), ::testing::ExitedWithCode(2),
+              "synthetic:ds41,layers=40: cannot map the synthetic model's 199753812064 bytes of "
+              "address space: Cannot allocate memory");
 }
 
 TEST(SyntheticModel, SpecsRoundTripAndOpenModesAreKept) {

@@ -241,7 +241,8 @@ void add_check(CLI::App& app, int& rc) {
       "(the reason is printed when it is not).\n"
       "Exit codes: 0 every leg agrees, 1 a leg differs, 2 error.");
   s->add_option("--model", a->model,
-                "model GGUF file (default: the embedded tiny model, generated on the fly)");
+                "model GGUF file or synthetic spec, e.g. synthetic:ds41,layers=40 (default: the "
+                "embedded tiny model, generated on the fly)");
   CLI::Option* impls = s->add_option("--impls", a->impls, "implementations to run, e.g. ref,emu")
                            ->capture_default_str();
   CLI::Option* tokens = s->add_option("--tokens", a->tokens, "tokens per layer")

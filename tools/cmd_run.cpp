@@ -188,7 +188,10 @@ void add_run(CLI::App& app, int& rc) {
   s->add_option("--impl", a->impl, "ref | emu | cuda")
       ->required()
       ->check(CLI::IsMember({"ref", "emu", "cuda"}));
-  s->add_option("--model", a->model, "model GGUF file")->required();
+  s->add_option("--model", a->model,
+                "model GGUF file, or a synthetic spec: synthetic:PRESET[,layers=N][,seed=S]"
+                "[,shared=bf16|kquant][,vision]... (docs/streaming.md \"Synthetic models\")")
+      ->required();
   s->add_option("--layers", a->layers, "layers to run, e.g. 0,2-5 (default: all)");
   s->add_option("--tokens", a->tokens, "tokens per layer")
       ->capture_default_str()

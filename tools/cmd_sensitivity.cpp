@@ -259,7 +259,8 @@ void add_sensitivity(CLI::App& app, int& rc) {
       "expert's bytes (or its config) perturbed; the reference and every leg read the file as is.\n"
       "Exit codes: 0 every perturbation caught, 1 one was not (or the unperturbed run fails a "
       "leg), 2 error.");
-  s->add_option("--model", a->model, "GGUF model (default: the embedded tiny model)");
+  s->add_option("--model", a->model,
+                "GGUF model or synthetic spec (default: the embedded tiny model)");
   s->add_option("--layer", a->layer, "layer to perturb")->capture_default_str();
   s->add_option("--tokens", a->tokens, "seeded tokens")
       ->capture_default_str()
