@@ -362,12 +362,12 @@ LayerWeights generate_layer(const GenOptions& o, int layer) {
   return w;
 }
 
-std::string write_model(const GenOptions& o, const std::string& path,
-                        const WriteProgress& progress) {
+gguf::Writer model_writer(const GenOptions& o, const FillCounter& counted) {
   o.validate();
-  const MoeConfig& c = o.config;
+  // The callbacks hold one copy of the options, so the writer may outlive the caller's.
+  const auto opt = std::make_shared<const GenOptions>(o);
+  const MoeConfig& c = opt->config;
   gguf::Writer w;
-  uint64_t done = 0, total = 0;  // tensor bytes produced; the file's size (set before writing)
   w.set_alignment(o.alignment);
   w.set(keys::kName, gguf::make_string("moecheck synthetic " + o.preset));
   write_model_metadata(w, c, o.layout());
@@ -378,30 +378,29 @@ std::string write_model(const GenOptions& o, const std::string& path,
   auto add = [&](int L, LayerTensor t, uint64_t chunk, gguf::FillFn fill) {
     TensorShape s = expected_tensor(c, t, o.shared);
     if (t == LayerTensor::kRouter) s.type = o.router_type;
-    gguf::FillFn counted = [&done, &total, &progress, f = std::move(fill)](
-                               uint64_t offset, uint8_t* out, uint64_t n) {
-      f(offset, out, n);
-      done += n;
-      if (progress) progress(done, total);
-    };
+    if (counted)
+      fill = [counted, f = std::move(fill)](uint64_t offset, uint8_t* out, uint64_t n) {
+        f(offset, out, n);
+        counted(n);
+      };
     w.add_tensor(gguf::TensorSpec{tensor_name(L, t), static_cast<uint32_t>(s.type), s.ne, chunk,
-                                  std::move(counted)});
+                                  std::move(fill)});
   };
   const uint64_t router_bytes = static_cast<uint64_t>(c.n_routed * c.dim * 2);
   const uint64_t bias_bytes = static_cast<uint64_t>(c.n_routed * 4);
   for (int L = 0; L < o.n_layers; ++L) {
     // The router and bias are small (3.9 MB at ds41) and written in one piece.
-    add(L, LayerTensor::kRouter, router_bytes, [&o, L](uint64_t, uint8_t* out, uint64_t) {
-      generate_router(o, L, reinterpret_cast<uint16_t*>(out));
+    add(L, LayerTensor::kRouter, router_bytes, [opt, L](uint64_t, uint8_t* out, uint64_t) {
+      generate_router(*opt, L, reinterpret_cast<uint16_t*>(out));
     });
-    if (L < o.hash_layers) detail::add_hash_table(w, o, L);
+    if (L < o.hash_layers) detail::add_hash_table(w, *opt, L);  // *opt: held by the router's fill
     else
-      add(L, LayerTensor::kBias, bias_bytes, [&o, L](uint64_t, uint8_t* out, uint64_t) {
-        generate_bias(o, L, reinterpret_cast<float*>(out));
+      add(L, LayerTensor::kBias, bias_bytes, [opt, L](uint64_t, uint8_t* out, uint64_t) {
+        generate_bias(*opt, L, reinterpret_cast<float*>(out));
       });
     if (o.vision)
-      add(L, LayerTensor::kBiasVl, bias_bytes, [&o, L](uint64_t, uint8_t* out, uint64_t) {
-        generate_bias_vl(o, L, reinterpret_cast<float*>(out));
+      add(L, LayerTensor::kBiasVl, bias_bytes, [opt, L](uint64_t, uint8_t* out, uint64_t) {
+        generate_bias_vl(*opt, L, reinterpret_cast<float*>(out));
       });
     const LayerTensor exps[3] = {LayerTensor::kGateExps, LayerTensor::kUpExps,
                                  LayerTensor::kDownExps};
@@ -410,13 +409,23 @@ std::string write_model(const GenOptions& o, const std::string& path,
     for (const Proj p : {Proj::kGate, Proj::kUp, Proj::kDown}) {
       // One expert per chunk: the writer asks for exactly expert_bytes at multiples of it.
       const uint64_t eb = static_cast<uint64_t>(expert_bytes(o, p));
-      add(L, exps[proj_index(p)], eb, [&o, L, p, eb](uint64_t offset, uint8_t* out, uint64_t) {
-        generate_expert_blocks(o, L, p, static_cast<int64_t>(offset / eb), out);
+      add(L, exps[proj_index(p)], eb, [opt, L, p, eb](uint64_t offset, uint8_t* out, uint64_t) {
+        generate_expert_blocks(*opt, L, p, static_cast<int64_t>(offset / eb), out);
       });
       add(L, shexp[proj_index(p)], static_cast<uint64_t>(shared_bytes(o, p)),
-          [&o, L, p](uint64_t, uint8_t* out, uint64_t) { generate_shared(o, L, p, out); });
+          [opt, L, p](uint64_t, uint8_t* out, uint64_t) { generate_shared(*opt, L, p, out); });
     }
   }
+  return w;
+}
+
+std::string write_model(const GenOptions& o, const std::string& path,
+                        const WriteProgress& progress) {
+  uint64_t done = 0, total = 0;  // tensor bytes produced; the file's size (set before writing)
+  const gguf::Writer w = model_writer(o, [&done, &total, &progress](uint64_t n) {
+    done += n;
+    if (progress) progress(done, total);
+  });
   total = w.file_size();
   return w.write(path);
 }

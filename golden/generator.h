@@ -114,6 +114,16 @@ void generate_shared(const GenOptions& o, int layer, Proj p, uint8_t* out);
 
 // One layer in memory (keep_alive owns the buffers); no disk involved.
 LayerWeights generate_layer(const GenOptions& o, int layer);
+// Told the size of each chunk of tensor bytes a fill callback has just made.
+using FillCounter = std::function<void(uint64_t n)>;
+// The writer of o's model (validated first): general.name, the convention's metadata, the
+// generator keys and every tensor in file order, layer by layer (router, bias or hash table,
+// bias_vl, then gate / up / down stacks each followed by its shared-expert tensor). The fill
+// callbacks hold a copy of o, are pure functions of their offset (so they may run on several
+// threads at once when `counted` is empty) and ask for one expert per chunk of a stack.
+// write_model writes it; a synthetic model (golden/synthetic_model.h) fills its image from the
+// same callbacks, so the two hold the same bytes.
+gguf::Writer model_writer(const GenOptions& o, const FillCounter& counted = {});
 // Told (tensor bytes written so far, the file's size) as the tensors are produced: a progress bar.
 using WriteProgress = std::function<void(uint64_t done, uint64_t total)>;
 // Writes the whole model, streaming each tensor (one expert at a time for the stacks); returns

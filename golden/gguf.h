@@ -124,6 +124,11 @@ class Reader {
   static Reader open(const std::string& path, MapMode mode = MapMode::kReadOnly);
   // Validates bytes held in memory; `name` stands for the file in messages.
   static Reader from_bytes(std::vector<uint8_t> bytes, const std::string& name);
+  // Validates `size` bytes at `base` that `owner` keeps alive (a synthetic model's anonymous
+  // mapping, golden/synthetic_model.h); `name` stands for the file in messages. kCopyOnWrite lets
+  // writable() hand out addresses inside it (the memory must then be writable).
+  static Reader from_memory(std::shared_ptr<const void> owner, const uint8_t* base, uint64_t size,
+                            const std::string& name, MapMode mode = MapMode::kReadOnly);
 
   const std::string& name() const { return name_; }
   uint32_t version() const { return version_; }
@@ -193,14 +198,16 @@ class Writer {
   uint64_t data_offset() const;
   std::vector<uint64_t> tensor_offsets() const;
   uint64_t file_size() const;
+  // The file's first data_offset() bytes: header, metadata, tensor infos and the padding.
+  std::vector<uint8_t> header_bytes() const;
+  // The tensors in insertion order (their fill callbacks make the bytes write() would write).
+  const std::vector<TensorSpec>& tensors() const { return tensors_; }
 
   // Writes `path + ".tmp-<pid>"`, then renames it to `path`; on any failure the temporary is
   // removed and the error rethrown. Returns the file's SHA-256 (hex), computed as it is written.
   std::string write(const std::string& path) const;
 
  private:
-  std::vector<uint8_t> header_bytes() const;
-
   std::vector<KeyValue> kvs_;
   std::vector<TensorSpec> tensors_;
   std::vector<uint64_t> nbytes_;

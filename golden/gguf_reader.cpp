@@ -176,6 +176,13 @@ Reader Reader::from_bytes(std::vector<uint8_t> bytes, const std::string& name) {
   return parse(std::move(owned), base, size, name);
 }
 
+Reader Reader::from_memory(std::shared_ptr<const void> owner, const uint8_t* base, uint64_t size,
+                           const std::string& name, MapMode mode) {
+  Reader r = parse(std::move(owner), base, size, name);
+  r.copy_on_write_ = mode == MapMode::kCopyOnWrite;
+  return r;
+}
+
 // The steps of Reader::parse, each reading one part of the file through the bounds-checked
 // cursor and failing with the file offset and the field.
 class Parser {

@@ -7,6 +7,8 @@
 #include <limits>
 
 #include "core/error.h"
+#include "golden/expert_sources.h"
+#include "golden/synthetic_model.h"
 
 namespace moecheck {
 
@@ -104,6 +106,7 @@ void add_config_metadata(gguf::Writer& w, const MoeConfig& c, int n_layers) {
 }
 
 ModelFile ModelFile::open(const std::string& path, gguf::MapMode mode) {
+  if (is_synthetic_spec(path)) return open_synthetic(path, mode);
   return from_gguf(gguf::Reader::open(path, mode));
 }
 
@@ -155,7 +158,7 @@ std::string unsupported_type(LayerTensor t, const char* found, GgmlType want) {
 
 }  // namespace
 
-LayerWeights ModelFile::layer(int L) const {
+void ModelFile::check_layer(int L) const {
   const std::string& file = gguf_.name();
   if (L < 0 || L >= n_layers_)
     throw InputError(file + ": layer " + std::to_string(L) + " out of range: the file has " +
@@ -170,48 +173,62 @@ LayerWeights ModelFile::layer(int L) const {
                      "): its experts are picked from the token id, which no moecheck input "
                      "carries; choose layers from " +
                      std::to_string(layout_.hash_layers) + " on (--layers)");
-  const MoeConfig c = layer_config(L);
-  auto view = [&](LayerTensor which) -> const uint8_t* {
-    const std::string name = tensor_name(L, which);
-    const gguf::TensorInfo* t = gguf_.find_tensor(name);
-    if (!t)
-      throw InputError(file + ": layer " + std::to_string(L) + ": tensor \"" + name +
-                       "\" is missing");
-    const std::string where = file + ": layer " + std::to_string(L) + ": tensor \"" + name + "\"";
-    TensorShape want = expected_tensor(c, which, SharedExpertType::kBF16);
-    if (which == LayerTensor::kRouter && t->type == static_cast<uint32_t>(GgmlType::kF16))
-      want.type = GgmlType::kF16;
-    if (is_shared(which) && t->type != static_cast<uint32_t>(GgmlType::kBF16)) {
-      const TensorShape kq = expected_tensor(c, which, SharedExpertType::kKQuant);
-      if (t->type != static_cast<uint32_t>(kq.type))
-        throw InputError(where + ": type " + ggml_name(t->type) + ", expected BF16 or " +
-                         ggml_name(static_cast<uint32_t>(kq.type)) + " (K-quant shared expert)");
-      want = kq;
-    }
-    if (t->type != static_cast<uint32_t>(want.type))
-      throw InputError(where + ": " + unsupported_type(which, ggml_name(t->type), want.type));
-    const std::vector<int64_t> ne(t->ne.begin(), t->ne.begin() + t->n_dims);
-    if (ne != want.ne)
-      throw InputError(where + ": ne " + ne_string(ne) + " (ggml order), expected " +
-                       ne_string(want.ne) + " for dim " + std::to_string(c.dim) + ", inter " +
-                       std::to_string(c.inter) + ", n_routed " + std::to_string(c.n_routed));
-    // Views are read as uint16 / float / block structs, which need 2- or 4-byte alignment.
-    const uint8_t* p = gguf_.data(*t);
-    const uintptr_t need = want.type == GgmlType::kF32 ? 4 : 2;
-    if (reinterpret_cast<uintptr_t>(p) % need != 0)
-      throw InputError(where + ": data at file offset " +
-                       std::to_string(gguf_.data_offset() + t->offset) + " is not " +
-                       std::to_string(need) + "-byte aligned (general.alignment " +
-                       std::to_string(gguf_.alignment()) + ")");
-    return p;
-  };
+}
 
+namespace {
+
+// The checked address of one of layer L's tensors in the reader's bytes (nothing is read): the
+// tensor exists, has a type moecheck runs and the shape of `c`, and is aligned for its views.
+const uint8_t* tensor_view(const gguf::Reader& r, int L, const MoeConfig& c, LayerTensor which) {
+  const std::string name = tensor_name(L, which);
+  const gguf::TensorInfo* t = r.find_tensor(name);
+  if (!t)
+    throw InputError(r.name() + ": layer " + std::to_string(L) + ": tensor \"" + name +
+                     "\" is missing");
+  const std::string where = r.name() + ": layer " + std::to_string(L) + ": tensor \"" + name + "\"";
+  TensorShape want = expected_tensor(c, which, SharedExpertType::kBF16);
+  if (which == LayerTensor::kRouter && t->type == static_cast<uint32_t>(GgmlType::kF16))
+    want.type = GgmlType::kF16;
+  if (is_shared(which) && t->type != static_cast<uint32_t>(GgmlType::kBF16)) {
+    const TensorShape kq = expected_tensor(c, which, SharedExpertType::kKQuant);
+    if (t->type != static_cast<uint32_t>(kq.type))
+      throw InputError(where + ": type " + ggml_name(t->type) + ", expected BF16 or " +
+                       ggml_name(static_cast<uint32_t>(kq.type)) + " (K-quant shared expert)");
+    want = kq;
+  }
+  if (t->type != static_cast<uint32_t>(want.type))
+    throw InputError(where + ": " + unsupported_type(which, ggml_name(t->type), want.type));
+  const std::vector<int64_t> ne(t->ne.begin(), t->ne.begin() + t->n_dims);
+  if (ne != want.ne)
+    throw InputError(where + ": ne " + ne_string(ne) + " (ggml order), expected " +
+                     ne_string(want.ne) + " for dim " + std::to_string(c.dim) + ", inter " +
+                     std::to_string(c.inter) + ", n_routed " + std::to_string(c.n_routed));
+  // Views are read as uint16 / float / block structs, which need 2- or 4-byte alignment.
+  const uint8_t* p = r.data(*t);
+  const uintptr_t need = want.type == GgmlType::kF32 ? 4 : 2;
+  if (reinterpret_cast<uintptr_t>(p) % need != 0)
+    throw InputError(where + ": data at file offset " +
+                     std::to_string(r.data_offset() + t->offset) + " is not " +
+                     std::to_string(need) + "-byte aligned (general.alignment " +
+                     std::to_string(r.alignment()) + ")");
+  return p;
+}
+
+GgmlType tensor_type(const gguf::Reader& r, int L, LayerTensor which) {
+  return static_cast<GgmlType>(r.find_tensor(tensor_name(L, which))->type);
+}
+
+}  // namespace
+
+LayerWeights ModelFile::views(int L) const {
+  check_layer(L);
+  const MoeConfig c = layer_config(L);
+  auto view = [&](LayerTensor which) { return tensor_view(gguf_, L, c, which); };
   LayerWeights w;
   w.layer = L;
   w.config = c;
   w.router = reinterpret_cast<const uint16_t*>(view(LayerTensor::kRouter));
-  w.router_type =
-      static_cast<GgmlType>(gguf_.find_tensor(tensor_name(L, LayerTensor::kRouter))->type);
+  w.router_type = tensor_type(gguf_, L, LayerTensor::kRouter);
   w.bias = reinterpret_cast<const float*>(view(LayerTensor::kBias));
   if (has_tensor(L, LayerTensor::kBiasVl))  // optional: model.py's Gate.bias_vl
     w.bias_vl = reinterpret_cast<const float*>(view(LayerTensor::kBiasVl));
@@ -223,15 +240,36 @@ LayerWeights ModelFile::layer(int L) const {
       ExpertStackView{GgmlType::kQ3K, c.dim, c.inter, c.n_routed, view(LayerTensor::kDownExps)};
   auto shared = [&](LayerTensor which, int64_t rows, int64_t cols) {
     const uint8_t* p = view(which);
-    const auto type = static_cast<GgmlType>(gguf_.find_tensor(tensor_name(L, which))->type);
-    return MatView{type, rows, cols, p};
+    return MatView{tensor_type(gguf_, L, which), rows, cols, p};
   };
   w.shared_gate = shared(LayerTensor::kGateShexp, c.inter, c.dim);
   w.shared_up = shared(LayerTensor::kUpShexp, c.inter, c.dim);
   w.shared_down = shared(LayerTensor::kDownShexp, c.dim, c.inter);
   w.keep_alive = gguf_.owner();
-  validate_layer_weights(w, file);
+  validate_layer_weights(w, gguf_.name());  // on addresses only: no tensor byte is read
   return w;
+}
+
+LayerWeights ModelFile::layer(int L) const {
+  LayerWeights w = views(L);
+  if (synthetic_) w.keep_alive = synthetic_->hold(L, true);
+  return w;
+}
+
+LayerWeights ModelFile::resident_layer(int L) const {
+  LayerWeights w = views(L);
+  w.gate_exps.data = w.up_exps.data = w.down_exps.data = nullptr;
+  if (synthetic_) w.keep_alive = synthetic_->hold(L, false);
+  return w;
+}
+
+std::shared_ptr<const ExpertSource> ModelFile::expert_source() const {
+  if (synthetic_) return std::make_shared<SyntheticExpertSource>(synthetic_->options());
+  return std::make_shared<FileExpertSource>(*this);
+}
+
+std::string ModelFile::sha256() const {
+  return synthetic_ ? synthetic_->sha256() : sha256_file(gguf_.name());
 }
 
 }  // namespace moecheck

@@ -1,16 +1,20 @@
 // A moecheck model file: a GGUF v3 file holding DeepSeek-style MoE layers under llama.cpp's
 // "deepseek2" names, with the config in metadata. ModelFile::open validates the metadata into a
 // MoeConfig; layer(L) checks that layer's tensors (names, types, shapes) against the config and
-// returns views into the mapping. Contract: docs/gguf.md "Metadata keys" and "Tensors".
+// returns views into the mapping. Contract: docs/gguf.md "Metadata keys" and "Tensors". A path
+// "synthetic:PRESET[,key=value...]" opens a synthetic model with no file, the image of the file
+// `moecheck gen` would write (golden/synthetic_model.h; docs/streaming.md "Synthetic models").
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "core/blocks.h"
 #include "core/config.h"
+#include "core/expert_source.h"
 #include "core/layer_weights.h"
 #include "golden/convention.h"
 #include "golden/gguf.h"
@@ -92,14 +96,31 @@ struct GeneratorProvenance {
   bool fast_blocks = false;
 };
 
+// A model path that names a synthetic model ("synthetic:tiny,layers=2"), not a file. A file whose
+// name starts so is reached as "./synthetic:...".
+inline constexpr const char* kSyntheticPrefix = "synthetic:";
+inline bool is_synthetic_spec(const std::string& path) {
+  return path.rfind(kSyntheticPrefix, 0) == 0;
+}
+
+namespace detail {
+class SyntheticImage;  // golden/synthetic_model.h
+}
+
 class ModelFile {
  public:
-  // Maps and validates `path`: GGUF structure, metadata keys and types, MoeConfig::validate.
+  // Maps and validates `path`: GGUF structure, metadata keys and types, MoeConfig::validate. A
+  // synthetic spec opens the synthetic model instead (open_synthetic, golden/synthetic_model.h):
+  // its header is made, no tensor byte is.
   static ModelFile open(const std::string& path, gguf::MapMode mode = gguf::MapMode::kReadOnly);
   // The same checks on an already parsed GGUF (tests build files in memory).
   static ModelFile from_gguf(gguf::Reader reader);
 
+  // The file's path, or a synthetic model's spec.
   const std::string& path() const { return gguf_.name(); }
+  bool synthetic() const { return synthetic_ != nullptr; }
+  // The synthetic model's image (its fill state and counters), or nullptr for a file.
+  const detail::SyntheticImage* synthetic_image() const { return synthetic_.get(); }
   // The file-wide config; with per-layer clamps (deepseek4 / deepseek41) it holds layer 0's, and
   // layer_config(L) (the config of layer(L)) each layer's.
   const MoeConfig& config() const { return config_; }
@@ -121,17 +142,34 @@ class ModelFile {
   // Views of layer L's tensors; throws InputError naming the file, layer, tensor and field for a
   // hash-routed layer, a missing tensor, a type moecheck cannot run (routed experts other than
   // Q2_K / Q3_K, a router other than BF16 / F16), a wrong shape or misaligned data. The optional
-  // bias_vl (blk.L.exp_probs_b_vl.bias) is nullptr when absent and validated when present.
+  // bias_vl (blk.L.exp_probs_b_vl.bias) is nullptr when absent and validated when present. Of a
+  // synthetic model the layer's tensors are made on first use (every expert, by several threads)
+  // and given back when the last LayerWeights of the layer handed out (keep_alive) ends.
   LayerWeights layer(int L) const;
+  // Layer L as the streamed path needs it: everything but the routed stacks viewed (and, for a
+  // synthetic model, made), the stacks with their type, shape and n_experts and data nullptr
+  // (their experts are read through expert_source()). The same checks as layer(L).
+  LayerWeights resident_layer(int L) const;
+  // Where the routed experts' bytes are read from by a cache: a FileExpertSource (pread on a
+  // descriptor of its own, opened by each call) over the file, or the SyntheticExpertSource of a
+  // synthetic model (golden/expert_sources.h).
+  std::shared_ptr<const ExpertSource> expert_source() const;
+  // The SHA-256 of the whole file (a synthetic model's image, made one layer at a time).
+  std::string sha256() const;
   // Whether layer L holds the optional tensor t (by name; layer() validates it).
   bool has_tensor(int L, LayerTensor t) const;
 
  private:
+  friend ModelFile open_synthetic(const std::string& spec, gguf::MapMode mode, int fill_threads);
+  void check_layer(int L) const;
+  LayerWeights views(int L) const;
+
   gguf::Reader gguf_;
   MoeConfig config_;
   ModelLayout layout_;
   int n_layers_ = 0;
   std::optional<GeneratorProvenance> provenance_;
+  std::shared_ptr<const detail::SyntheticImage> synthetic_;
 };
 
 }  // namespace moecheck

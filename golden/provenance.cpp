@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <array>
 #include <exception>
+#include <stdexcept>
 #include <thread>
 
 #include "core/error.h"
 #include "golden/finite_check.h"
 #include "golden/sha256.h"
+#include "golden/synthetic_model.h"
 
 namespace moecheck {
 namespace {
@@ -50,6 +52,20 @@ std::string SliceHasher::header() {
   return header_;
 }
 
+SliceHasher::SliceHasher(ModelFile m) : m_(std::move(m)) {
+  if (m_.synthetic()) source_ = m_.expert_source();
+}
+
+std::vector<uint8_t> SliceHasher::read_expert(int layer, LayerTensor t, int32_t expert,
+                                              uint64_t n) const {
+  const Proj p = t == LayerTensor::kGateExps ? Proj::kGate
+                 : t == LayerTensor::kUpExps ? Proj::kUp
+                                             : Proj::kDown;
+  std::vector<uint8_t> buf(static_cast<size_t>(n));
+  source_->read(layer, expert, p, buf.data());
+  return buf;
+}
+
 std::string SliceHasher::slice(int layer, LayerTensor t, int32_t expert) {
   const auto key = std::make_tuple(layer, tensor_code(t), expert);
   {
@@ -61,6 +77,8 @@ std::string SliceHasher::slice(int layer, LayerTensor t, int32_t expert) {
   if (ti == nullptr) throw InputError(m_.path() + ": tensor \"" + name + "\" is missing");
   const uint8_t* p = m_.gguf().data(*ti);
   uint64_t n = ti->nbytes;
+  std::vector<uint8_t> made;         // a synthetic model's expert, made for this hash
+  std::shared_ptr<const void> held;  // a synthetic model's layer, filled while hashed
   if (expert >= 0) {
     const int64_t n_exp = ti->n_dims == 3 ? ti->ne[2] : 0;
     if (!is_stack(t) || expert >= n_exp)
@@ -68,6 +86,13 @@ std::string SliceHasher::slice(int layer, LayerTensor t, int32_t expert) {
                        std::to_string(expert));
     n = ti->nbytes / static_cast<uint64_t>(n_exp);
     p += static_cast<uint64_t>(expert) * n;
+    // A synthetic layer someone holds filled is hashed in place (the same bytes, not made again).
+    if (source_ && !(held = m_.synthetic_image()->held_now(layer, true))) {
+      made = read_expert(layer, t, expert, n);
+      p = made.data();
+    }
+  } else if (m_.synthetic()) {
+    held = (is_stack(t) ? m_.layer(layer) : m_.resident_layer(layer)).keep_alive;
   }
   // The first read of this piece: its values must be finite (golden/finite_check.h).
   check_finite_slice(m_.path(), slice_name(layer, t, expert), ti->type, ti->ne[0], p, n);
@@ -75,6 +100,20 @@ std::string SliceHasher::slice(int layer, LayerTensor t, int32_t expert) {
   std::lock_guard<std::mutex> lock(mu_);
   cache_[key] = h;
   return h;
+}
+
+void SliceHasher::record(int layer, LayerTensor t, int32_t expert, std::string sha256) {
+  std::array<uint8_t, 32> bytes{};
+  if (!from_hex(sha256, bytes) || to_hex(bytes) != sha256)
+    throw std::invalid_argument("SliceHasher::record: " + slice_name(layer, t, expert) + ": \"" +
+                                sha256 + "\" is not 64 lower-case hex digits");
+  const auto key = std::make_tuple(layer, tensor_code(t), expert);
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto [it, added] = cache_.emplace(key, sha256);
+  if (!added && it->second != sha256)
+    throw InputError(m_.path() + ": tensor " + slice_name(layer, t, expert) + " was hashed as " +
+                     it->second + " and is now recorded as " + sha256 +
+                     ": its bytes changed between two reads");
 }
 
 std::vector<SliceHash> SliceHasher::layer_slices(int layer, const std::vector<int32_t>& experts,

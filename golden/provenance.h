@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -35,12 +36,21 @@ bool tensor_from_code(int32_t code, LayerTensor* out);
 
 class SliceHasher {
  public:
-  explicit SliceHasher(ModelFile m) : m_(std::move(m)) {}
+  explicit SliceHasher(ModelFile m);
 
   // The GGUF header: bytes [0, data offset) of the file.
   std::string header();
-  // One tensor of layer L (expert < 0) or one expert's slice of a stacked tensor.
+  // One tensor of layer L (expert < 0) or one expert's slice of a stacked tensor. A file's bytes
+  // are read through its mapping; of a synthetic model an expert's slice is hashed in place when
+  // its layer is filled now (someone holds it), else made through expert_source() into a buffer
+  // (the layer is not filled for it); a whole tensor is read while the layer (resident_layer, or
+  // layer for a whole stack) holds it.
   std::string slice(int layer, LayerTensor t, int32_t expert);
+  // Hands in the digest of a slice hashed (and finite-checked) elsewhere, e.g. by an expert cache's
+  // reader threads; slice() then returns it without reading. `sha256` must be 64 lower-case hex
+  // digits (std::invalid_argument otherwise); a digest already known for the slice that differs is
+  // an InputError naming the slice and both digests (the bytes changed between two reads).
+  void record(int layer, LayerTensor t, int32_t expert, std::string sha256);
   // What a forward of layer L read: router, bias, bias_vl (when `bias_vl`: the forward routed
   // image-span tokens with it), the shared expert's three tensors, and the gate, up and down
   // slices of each of `experts` (ascending, distinct), in that order.
@@ -48,7 +58,11 @@ class SliceHasher {
                                       bool bias_vl = false);
 
  private:
+  // The bytes of a slice in a buffer of the hasher's own (a synthetic model's expert).
+  std::vector<uint8_t> read_expert(int layer, LayerTensor t, int32_t expert, uint64_t n) const;
+
   ModelFile m_;  // a copy: it shares the mapping, so the hasher outlives any one owner
+  std::shared_ptr<const ExpertSource> source_;  // a synthetic model's; nullptr for a file
   std::mutex mu_;
   std::string header_;
   std::map<std::tuple<int, int, int32_t>, std::string> cache_;

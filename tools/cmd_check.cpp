@@ -122,7 +122,8 @@ void refuse_foreign_precision(const CheckArgs& a) {
 // dump with taps, the Exact reference's taps per other implementation, the file image of one
 // --keep dump while it is written, and the layer in flight (the Exact reference's f64 working set
 // and its taps).
-void require_check_memory(const CheckArgs& a, const MoeConfig& c, int64_t n_layers) {
+void require_check_memory(const CheckArgs& a, const MoeConfig& c, int64_t n_layers,
+                          uint64_t made = 0) {
   uint64_t runs = 0;
   bool ref = false;
   for (Impl i : wanted_impls(a.impls)) {
@@ -137,12 +138,13 @@ void require_check_memory(const CheckArgs& a, const MoeConfig& c, int64_t n_laye
       static_cast<uint64_t>(a.tokens + (a.adversarial == "on" ? kAdversarialTokens : 0));
   const uint64_t tap = tap_bytes_per_token(c);
   MemoryNeed need;
-  need.bytes = (runs + exact + image) * L * T * tap + 3 * T * tap;
+  need.bytes = (runs + exact + image) * L * T * tap + 3 * T * tap + made;
   need.how = "(" + std::to_string(runs) + " dump(s) + " + std::to_string(exact) +
              " Exact-reference tap set(s)" + (image ? " + 1 --keep file image" : "") + ") x " +
              std::to_string(L) + " layer(s) x " + std::to_string(T) + " token(s) x " +
              bytes_text(tap) + " + 3 x " + std::to_string(T) + " x " + bytes_text(tap) +
-             " (the layer in flight)";
+             " (the layer in flight)" +
+             (made ? " + " + bytes_text(made) + " (the synthetic model's layer in use)" : "");
   require_memory("--tokens", std::to_string(a.tokens), need);
 }
 
@@ -192,7 +194,8 @@ int run_check(const CheckArgs& a, bool impls_given) {
   }
   if (!a.against.empty()) return run_against(a, model_path, model_note);
   const LoadedModel m = load_model(model_path, a.hash_file);
-  if (!a.model.empty()) require_check_memory(a, m.file.config(), m.file.n_layers());
+  if (!a.model.empty())
+    require_check_memory(a, m.file.config(), m.file.n_layers(), synthetic_layer_bytes(m.file));
   CheckInputs in;
   run_impls(m, a, impls_given, in);
   if (!a.keep.empty()) {
@@ -238,7 +241,8 @@ void add_check(CLI::App& app, int& rc) {
       "(the reason is printed when it is not).\n"
       "Exit codes: 0 every leg agrees, 1 a leg differs, 2 error.");
   s->add_option("--model", a->model,
-                "model GGUF file (default: the embedded tiny model, generated on the fly)");
+                "model GGUF file or synthetic spec, e.g. synthetic:ds41,layers=40 (default: the "
+                "embedded tiny model, generated on the fly)");
   CLI::Option* impls = s->add_option("--impls", a->impls, "implementations to run, e.g. ref,emu")
                            ->capture_default_str();
   CLI::Option* tokens = s->add_option("--tokens", a->tokens, "tokens per layer")

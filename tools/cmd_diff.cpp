@@ -31,7 +31,7 @@ struct DiffArgs {
 void require_model_of(const LoadedModel& m, const Dump& A) {
   const std::string not_it = m.path + ": --model is not the model of " + A.path + ": ";
   if (A.slices.empty()) {
-    const std::string sha = sha256_file(m.path);
+    const std::string sha = m.file.sha256();
     if (sha != A.meta.model_sha256)
       throw InputError(not_it + "sha256 " + sha + ", the dump records " + A.meta.model_sha256);
     return;

@@ -141,7 +141,8 @@ void add_import(CLI::App& app, int& rc) {
       "  moecheck import --model m.gguf --from engine.npz --input engine.npz:input -o eng.h5\n"
       "Then: moecheck check --model m.gguf --against eng.h5\n"
       "Exit codes: 0 written, 2 error (nothing written).");
-  s->add_option("--model", a->model, "model GGUF file (default: the embedded tiny model)");
+  s->add_option("--model", a->model,
+                "model GGUF file or synthetic spec (default: the embedded tiny model)");
   s->add_option("--layer", a->layer, "the layer the tensors are of")->capture_default_str();
   CLI::Option* in = s->add_option("--input", a->input,
                                   "the bf16 input [T, dim] the engine consumed: FILE.npy, "

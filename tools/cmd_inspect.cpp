@@ -135,11 +135,13 @@ void layout_lines(const ModelFile& m, Json* j) {
 }
 
 int inspect_gguf(const InspectArgs& a) {
-  const gguf::Reader r = gguf::Reader::open(a.file);
-  std::string model_note;
+  // A synthetic spec: the header of the file `gen` would write, made in memory (no tensor is).
   std::unique_ptr<ModelFile> mf;
+  if (is_synthetic_spec(a.file)) mf = std::make_unique<ModelFile>(ModelFile::open(a.file));
+  const gguf::Reader r = mf ? mf->gguf() : gguf::Reader::open(a.file);
+  std::string model_note;
   try {
-    mf = std::make_unique<ModelFile>(ModelFile::from_gguf(r));
+    if (!mf) mf = std::make_unique<ModelFile>(ModelFile::from_gguf(r));
   } catch (const InputError& e) {
     model_note = e.what();
   }
@@ -369,11 +371,18 @@ void add_inspect(CLI::App& app, int& rc) {
   CLI::App* s = app.add_subcommand("inspect", "Show a GGUF model or an HDF5 dump");
   s->footer(
       "Examples:\n  moecheck inspect tiny.gguf\n  moecheck inspect emu.h5 --json\n"
+      "  moecheck inspect synthetic:ds41,layers=40   # a synthetic model: no file\n"
       "Exit codes: 0 shown, 2 error (missing, truncated or malformed file: the message names the "
       "field).");
-  s->add_option("FILE", a->file, "a .gguf model or a .h5 dump")->required();
+  s->add_option("FILE", a->file,
+                "a .gguf model, a .h5 dump, or a synthetic model spec (synthetic:PRESET[,...])")
+      ->required();
   s->add_flag("--json", a->json, "machine-readable output");
   s->callback([a, &rc] {
+    if (is_synthetic_spec(a->file)) {
+      rc = inspect_gguf(*a);
+      return;
+    }
     if (!std::filesystem::exists(a->file)) throw InputError(a->file + ": file does not exist");
     rc = h5::has_hdf5_signature(a->file) ? inspect_dump(*a) : inspect_gguf(*a);
   });

@@ -94,12 +94,14 @@ void require_run_memory(const RunArgs& a, const LoadedModel& m, const RunSpec& s
   const uint64_t tap = tap_bytes_per_token(c);
   const uint64_t keep = spec.taps ? tap : basic_bytes_per_token(c);
   const uint64_t t = static_cast<uint64_t>(T);
+  const uint64_t made = synthetic_layer_bytes(m.file);  // a synthetic model's layer in use
   MemoryNeed need;
-  need.bytes = 2 * L * t * keep + 2 * t * tap + input_bytes;
+  need.bytes = 2 * L * t * keep + 2 * t * tap + input_bytes + made;
   need.how = "2 x " + std::to_string(L) + " layer(s) x " + std::to_string(T) + " token(s) x " +
              bytes_text(keep) + " (the dump and its file image) + 2 x " + std::to_string(T) +
              " x " + bytes_text(tap) + " (the layer in flight)" +
-             (input_bytes ? " + " + bytes_text(input_bytes) + " (the --input dump)" : "");
+             (input_bytes ? " + " + bytes_text(input_bytes) + " (the --input dump)" : "") +
+             (made ? " + " + bytes_text(made) + " (the synthetic model's layer in use)" : "");
   if (a.input.empty()) require_memory("--tokens", std::to_string(a.tokens), need);
   else require_memory("--input", a.input, need);
 }
@@ -232,7 +234,10 @@ void add_run(CLI::App& app, int& rc) {
   s->add_option("--impl", a->impl, "ref | emu | cuda")
       ->required()
       ->check(CLI::IsMember({"ref", "emu", "cuda"}));
-  s->add_option("--model", a->model, "model GGUF file")->required();
+  s->add_option("--model", a->model,
+                "model GGUF file, or a synthetic spec: synthetic:PRESET[,layers=N][,seed=S]"
+                "[,shared=bf16|kquant][,vision]... (docs/streaming.md \"Synthetic models\")")
+      ->required();
   s->add_option("--layers", a->layers, "layers to run, e.g. 0,2-5 (default: all)");
   s->add_option("--tokens", a->tokens, "tokens per layer")
       ->capture_default_str()

@@ -170,14 +170,19 @@ std::string render_json(const SensitivityReport& r, const std::string& model,
 // One layer's dominant allocations (docs/cli.md "Checks before any work"): the baseline's taps, a
 // step's taps and the implementation's buffers, and the Exact reference's f64 working set with
 // its taps, each about one layer of taps.
-void require_sensitivity_memory(const SensitivityArgs& a, const MoeConfig& c) {
+// `layer_bytes`: a synthetic model's layer (golden/synthetic_model.h), made twice (the truth and
+// the copy the steps perturb); 0 for a file.
+void require_sensitivity_memory(const SensitivityArgs& a, const MoeConfig& c,
+                                uint64_t layer_bytes = 0) {
   const uint64_t T =
       static_cast<uint64_t>(a.tokens + (a.adversarial == "on" ? kAdversarialTokens : 0));
   const uint64_t tap = tap_bytes_per_token(c);
   MemoryNeed need;
-  need.bytes = 5 * T * tap;
-  need.how = "5 x " + std::to_string(T) + " token(s) x " + bytes_text(tap) +
-             " (baseline and step taps, the implementation's buffers, the Exact reference)";
+  need.bytes = 5 * T * tap + 2 * layer_bytes;
+  need.how =
+      "5 x " + std::to_string(T) + " token(s) x " + bytes_text(tap) +
+      " (baseline and step taps, the implementation's buffers, the Exact reference)" +
+      (layer_bytes ? " + 2 x " + bytes_text(layer_bytes) + " (the synthetic layer, twice)" : "");
   require_memory("--tokens", std::to_string(a.tokens), need);
 }
 
@@ -194,7 +199,7 @@ int run_sensitivity_cmd(const SensitivityArgs& a) {
            " layers, seed " + std::to_string(o.seed) + ")";
   }
   const ModelFile truth = ModelFile::open(path);
-  if (!a.model.empty()) require_sensitivity_memory(a, truth.config());
+  if (!a.model.empty()) require_sensitivity_memory(a, truth.config(), synthetic_layer_bytes(truth));
   const ModelFile cow = ModelFile::open(path, gguf::MapMode::kCopyOnWrite);
   if (a.layer < 0 || a.layer >= truth.n_layers())
     throw InputError("--layer " + std::to_string(a.layer) + ": " + path + " has " +
@@ -254,7 +259,8 @@ void add_sensitivity(CLI::App& app, int& rc) {
       "expert's bytes (or its config) perturbed; the reference and every leg read the file as is.\n"
       "Exit codes: 0 every perturbation caught, 1 one was not (or the unperturbed run fails a "
       "leg), 2 error.");
-  s->add_option("--model", a->model, "GGUF model (default: the embedded tiny model)");
+  s->add_option("--model", a->model,
+                "GGUF model or synthetic spec (default: the embedded tiny model)");
   s->add_option("--layer", a->layer, "layer to perturb")->capture_default_str();
   s->add_option("--tokens", a->tokens, "seeded tokens")
       ->capture_default_str()

@@ -15,6 +15,7 @@
 
 #include "core/blocks.h"
 #include "core/error.h"
+#include "golden/model_file.h"
 
 namespace moecheck::cli {
 namespace {
@@ -49,7 +50,8 @@ void require_writable_dir(const std::string& what, const fs::path& dir) {
 void require_not_an_input(const std::string& what, const std::string& out,
                           const std::string& inside, const std::vector<NamedPath>& inputs) {
   for (const NamedPath& in : inputs)
-    if (!in.path.empty() && same_file(out, in.path))
+    // A synthetic model spec names no file, so no output can replace it.
+    if (!in.path.empty() && !is_synthetic_spec(in.path) && same_file(out, in.path))
       throw InputError(what + ": " + (inside.empty() ? "" : inside + " ") + "is the same file as " +
                        in.flag + " " + in.path + " (writing it would replace that input)");
 }
@@ -138,6 +140,14 @@ void require_memory(const std::string& flag, const std::string& value, const Mem
                    need.how + "), more than the " + bytes_text(avail) +
                    " this machine has available (MemAvailable in " + source +
                    "); use fewer tokens or layers (docs/cli.md \"Checks before any work\")");
+}
+
+uint64_t synthetic_layer_bytes(const ModelFile& m) {
+  if (!m.synthetic()) return 0;
+  uint64_t n = 0;  // every layer of a synthetic model has the same tensors: layer 0's
+  for (const gguf::TensorInfo& t : m.gguf().tensors())
+    if (t.name.rfind("blk.0.", 0) == 0) n += t.nbytes;
+  return n;
 }
 
 std::string bytes_text(uint64_t n) {

@@ -11,6 +11,10 @@
 
 #include "core/config.h"
 
+namespace moecheck {
+class ModelFile;
+}
+
 namespace moecheck::cli {
 
 // One input file of a command and the flag (or argument) that named it, for messages.
@@ -59,6 +63,10 @@ uint64_t mem_available(std::string* source);
 // InputError when `need` exceeds MemAvailable: `flag value: needs about X of memory (how), the
 // machine has Y available (MemAvailable, source); ...`.
 void require_memory(const std::string& flag, const std::string& value, const MemoryNeed& need);
+
+// The memory a synthetic model's layer takes while it is in use (its tensors are made in anonymous
+// memory, not mapped from a file: docs/streaming.md "Synthetic models"); 0 for a file.
+uint64_t synthetic_layer_bytes(const ModelFile& m);
 
 // "1.5 GB", "812 MB", "64 kB" (decimal units, 3 significant digits).
 std::string bytes_text(uint64_t n);

@@ -2,10 +2,12 @@
  * LD_PRELOAD into the moecheck process: it makes write(2) on regular files fail with ENOSPC once
  * MOECHECK_SHIM_ENOSPC_AFTER bytes have been written to regular files (a full disk), and makes
  * open(2) for writing, and access(2) / faccessat(2) asking W_OK, fail with EROFS under the
- * directory MOECHECK_SHIM_EROFS_DIR (a read-only file system). Works as root (permissions would
- * not stop root) and needs no mount. The names moecheck calls (write, open, open64, openat,
- * access, faccessat) are wrapped; everything else passes through.
- * docs/reliability.md "How the faults are injected". */
+ * directory MOECHECK_SHIM_EROFS_DIR (a read-only file system), and makes the n-th pread(2) /
+ * pread64 call of the process (counted from 1 over every descriptor and thread) fail with EIO when
+ * MOECHECK_SHIM_PREAD_EIO_AFTER=n (a disk that fails under golden/expert_sources.h's
+ * FileExpertSource). Works as root (permissions would not stop root) and needs no mount. The names
+ * moecheck calls (write, open, open64, openat, access, faccessat, pread, pread64) are wrapped;
+ * everything else passes through. docs/reliability.md "How the faults are injected". */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -100,4 +102,34 @@ int faccessat(int dirfd, const char* path, int mode, int flags) {
     return -1;
   }
   return real(dirfd, path, mode, flags);
+}
+
+static long long preads;
+
+/* Whether this pread is the one MOECHECK_SHIM_PREAD_EIO_AFTER names (counted atomically: the file
+ * source reads from several threads). */
+static int pread_fails(void) {
+  const char* nth = getenv("MOECHECK_SHIM_PREAD_EIO_AFTER");
+  if (!nth) return 0;
+  return __atomic_add_fetch(&preads, 1, __ATOMIC_SEQ_CST) == atoll(nth);
+}
+
+ssize_t pread(int fd, void* buf, size_t n, off_t offset) {
+  static ssize_t (*real)(int, void*, size_t, off_t);
+  if (!real) real = (ssize_t(*)(int, void*, size_t, off_t))dlsym(RTLD_NEXT, "pread");
+  if (pread_fails()) {
+    errno = EIO;
+    return -1;
+  }
+  return real(fd, buf, n, offset);
+}
+
+ssize_t pread64(int fd, void* buf, size_t n, off64_t offset) {
+  static ssize_t (*real)(int, void*, size_t, off64_t);
+  if (!real) real = (ssize_t(*)(int, void*, size_t, off64_t))dlsym(RTLD_NEXT, "pread64");
+  if (pread_fails()) {
+    errno = EIO;
+    return -1;
+  }
+  return real(fd, buf, n, offset);
 }
