@@ -17,6 +17,7 @@
 #include "tools/preflight.h"
 #include "tools/progress.h"
 #include "tools/runner.h"
+#include "tools/stream_flags.h"
 
 namespace moecheck::cli {
 namespace {
@@ -37,6 +38,7 @@ struct CheckArgs {
   bool route_given = false;
   bool precision_given = false;
   std::string against;  // an imported dump (moecheck import) to judge
+  StreamArgs stream;    // the cuda run's expert cache (tools/stream_flags.h)
 };
 
 // The implementations asked for, in the order they run.
@@ -66,12 +68,31 @@ RoutePlace route_knob(const CheckArgs& a, const std::vector<Impl>& wanted) {
   return r;
 }
 
+// The cuda run's expert cache (flags and environment overrides); its flags are refused when cuda
+// does not run, as --route.
+StreamKnobs stream_knob(const CheckArgs& a, const std::vector<Impl>& wanted) {
+  const bool cuda = std::find(wanted.begin(), wanted.end(), Impl::kCuda) != wanted.end() &&
+                    impl_available(Impl::kCuda, nullptr);
+  if (!cuda) {
+    if (a.stream.any_given())
+      throw InputError(a.stream.first_given() +
+                       ": the expert cache is the cuda implementation's, which this check does "
+                       "not run (--impls " +
+                       a.impls + ", or no GPU here)");
+    return {};
+  }
+  StreamKnobs k = stream_knobs(a.stream, nullptr);
+  validate_stream_knobs(k, false, parse_route_place(a.route, "--route") == RoutePlace::kDevice);
+  return k;
+}
+
 // Runs every wanted implementation that can run here (with every stage tapped) into `in`; one
 // that cannot is an error when --impls named it, else it is listed as not run with the reason.
 void run_impls(const LoadedModel& m, const CheckArgs& a, bool impls_given, CheckInputs& in) {
   const std::vector<Impl> wanted = wanted_impls(a.impls);
   RunSpec spec;
   spec.knobs.route = route_knob(a, wanted);
+  spec.knobs.stream = stream_knob(a, wanted);
   spec.input.image_tokens = a.image_tokens;
   spec.tokens = a.tokens;
   spec.input.seed = a.input_seed;
@@ -280,12 +301,17 @@ void add_check(CLI::App& app, int& rc) {
           ->capture_default_str();
   s->add_flag("--hash-file", a->hash_file,
               "also record the whole model file's SHA-256 in the dumps (reads the whole file)");
+  add_stream_flags(s, a->stream);
   s->add_flag("--json", a->json, "machine-readable output");
   CLI::Option* against =
       s->add_option("--against", a->against,
                     "judge an imported dump (moecheck import) against the reference on its input");
   // The import fixes the layer, tokens, input and mask; these would be silently ignored.
   for (CLI::Option* o : {impls, route, tokens, layers, seed, precision, keep, adversarial, image})
+    against->excludes(o);
+  const StreamArgs& st = a->stream;
+  for (CLI::Option* o : {st.slots_opt, st.bytes_opt, st.readers_opt, st.prefetch_opt,
+                         st.pipeline_opt, st.checks_opt, st.source_opt})
     against->excludes(o);
   s->callback([a, impls, route, precision, &rc] {
     a->route_given = route->count() > 0;

@@ -15,6 +15,7 @@
 #include "tools/preflight.h"
 #include "tools/progress.h"
 #include "tools/runner.h"
+#include "tools/stream_flags.h"
 
 namespace moecheck::cli {
 namespace {
@@ -41,6 +42,7 @@ struct RunArgs {
   bool adversarial = false;
   std::string image_tokens;
   std::string route = "host";
+  StreamArgs stream;
 };
 
 // The tokens a layer's image mask sets.
@@ -130,8 +132,30 @@ void write_trace_keeping_nothing(const RunArgs& a, const TraceFile& t) {
   }
 }
 
+// The expert cache's counters and each layer's times under "cache" (docs/cli.md "Streaming").
+void json_stream_report(Json& j, const StreamReport& r) {
+  const CacheCounters& k = r.counters;
+  j.key("cache").begin_object();
+  j.kv("slots", r.slots).kv("slot_bytes", r.slot_bytes).kv("expert_bytes", r.expert_bytes);
+  j.kv("hits", k.hits).kv("misses", k.misses).kv("evictions", k.evictions);
+  j.kv("bytes_read", k.bytes_read).kv("failed_reads", k.failed_reads).kv("stall_ms", k.stall_ms);
+  j.kv("prefetch_issued", k.prefetch_issued).kv("prefetch_used", k.prefetch_used);
+  j.kv("prefetch_late", k.prefetch_late).kv("prefetch_wasted", k.prefetch_wasted);
+  j.kv("prefetch_dropped", k.prefetch_dropped).kv("pipeline_serialised", r.serialised);
+  j.key("env").begin_array();
+  for (const std::string& e : r.env) j.value(e);
+  j.end_array().key("layers").begin_array();
+  for (size_t i = 0; i < r.layers.size(); ++i) {
+    const LayerTiming& t = r.timing[i];
+    j.begin_object().kv("layer", r.layers[i]).kv("route_ms", t.route_ms).kv("fetch_ms", t.fetch_ms);
+    j.kv("compute_ms", t.compute_ms).kv("hits", t.hits).kv("misses", t.misses);
+    j.kv("bytes_read", t.bytes_read).end_object();
+  }
+  j.end_array().end_object();
+}
+
 // What run prints: the files written and each layer's output L2 (and image-span tokens).
-void print_run(const RunArgs& a, const Dump& d, const TraceFile& trace) {
+void print_run(const RunArgs& a, const Dump& d, const TraceFile& trace, const StreamReport& sr) {
   if (a.json) {
     Json j;
     j.begin_object()
@@ -139,6 +163,7 @@ void print_run(const RunArgs& a, const Dump& d, const TraceFile& trace) {
         .kv("implementation", d.meta.implementation)
         .kv("variant", d.meta.variant);
     if (!a.trace.empty()) j.kv("trace", a.trace);
+    if (sr.streamed) json_stream_report(j, sr);
     j.kv("tokens", d.meta.tokens).kv("taps", d.meta.taps).key("layers").begin_array();
     for (const LayerTaps& t : d.layers)
       j.begin_object()
@@ -157,6 +182,7 @@ void print_run(const RunArgs& a, const Dump& d, const TraceFile& trace) {
       std::printf("wrote %s: the routing trace, %zu layer(s), %zu with predictions\n",
                   a.trace.c_str(), trace.trace.layers.size(),
                   trace.trace.layers.empty() ? size_t{0} : trace.trace.layers.size() - 1);
+    for (const std::string& line : stream_report_lines(sr)) std::printf("%s\n", line.c_str());
     for (const LayerTaps& t : d.layers) {
       const int64_t n = image_token_count(t);
       std::printf(
@@ -189,6 +215,15 @@ int run_run(const RunArgs& a, const RunGiven& g) {
   spec.knobs.shared_side_stream = a.shared_side == "on";
   spec.knobs.mmvq_max_rows = a.mmvq_max_rows;
   spec.knobs.route = parse_route_place(a.route, "--route");
+  std::vector<std::string> env;
+  if (spec.impl == Impl::kCuda) {
+    spec.knobs.stream = stream_knobs(a.stream, &env);
+    validate_stream_knobs(spec.knobs.stream, a.chain, spec.knobs.route == RoutePlace::kDevice);
+  } else if (a.stream.any_given()) {
+    throw InputError(a.stream.first_given() +
+                     ": only the cuda implementation has an expert cache; --impl " + a.impl +
+                     " would ignore it");
+  }
   if (!a.layers.empty()) spec.layers = parse_layer_list(a.layers);
   spec.tokens = a.tokens;
   spec.input.seed = a.input_seed;
@@ -202,15 +237,17 @@ int run_run(const RunArgs& a, const RunGiven& g) {
   require_run_memory(a, m, spec);
   Dump d;
   TraceFile trace;
+  StreamReport sr;
   {
     Progress p("run " + a.impl,
                static_cast<int64_t>(spec.layers.empty() ? m.file.n_layers() : spec.layers.size()),
                !a.json);
-    d = run_layers(m, spec, &p, a.trace.empty() ? nullptr : &trace);
+    d = run_layers(m, spec, &p, a.trace.empty() ? nullptr : &trace, &sr);
   }
+  sr.env = env;
   write_dump(a.out, d);
   if (!a.trace.empty()) write_trace_keeping_nothing(a, trace);
-  print_run(a, d, trace);
+  print_run(a, d, trace, sr);
   return kExitSame;
 }
 
@@ -293,6 +330,7 @@ void add_run(CLI::App& app, int& rc) {
               "also record the whole model file's SHA-256 (reads the whole file; the tensors and "
               "expert slices the "
               "run read are always recorded)");
+  add_stream_flags(s, a->stream);
   s->add_flag("--json", a->json, "machine-readable output");
   s->callback([a, g, &rc] { rc = run_run(*a, g); });
 }

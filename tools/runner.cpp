@@ -209,6 +209,17 @@ DumpMeta make_meta(const LoadedModel& m, const RunSpec& spec) {
                     {"shared_side_stream", k.shared_side_stream ? "on" : "off"},
                     {"route", route_place_name(k.route)},
                     {"mmvq_max_rows", std::to_string(k.mmvq_max_rows)}};
+      if (k.stream.streamed()) {  // the expert cache's knobs (no bit depends on any of them)
+        const StreamKnobs& s = k.stream;
+        meta.knobs.emplace_back(
+            s.cache_slots > 0 ? "cache_slots" : "cache_bytes",
+            std::to_string(s.cache_slots > 0 ? s.cache_slots
+                                             : static_cast<int64_t>(s.cache_bytes)));
+        meta.knobs.emplace_back("reader_threads", std::to_string(s.reader_threads));
+        meta.knobs.emplace_back("prefetch_k", std::to_string(s.prefetch_k));
+        meta.knobs.emplace_back("pipeline", s.pipeline ? "on" : "off");
+        meta.knobs.emplace_back("expert_source", expert_source_name(s.source));
+      }
 #if defined(MOECHECK_HAVE_CUDA)
       meta.device = moecheck::cuda::device_name(0);
 #else
@@ -364,9 +375,69 @@ void record_trace_layer(TraceFile& f, const RunSpec& spec, const LayerWeights& w
 
 }  // namespace
 
-Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress, TraceFile* trace) {
-  std::string why;
-  if (!impl_available(spec.impl, &why)) throw InputError(why);
+namespace {
+
+// One layer of a run between its forward and the dump.
+struct LayerRun {
+  int L = 0;
+  LayerWeights w;
+  std::vector<uint8_t> mask;
+  std::vector<uint16_t> x, y;
+  LayerTaps taps;
+};
+
+// Layer L's input: the dump's, the previous layer's output (chained), or the seeded one (with the
+// adversarial tokens, made from every expert of the layer: a streamed layer's resident view has
+// none, so the whole layer is read for them).
+std::vector<uint16_t> layer_input(const LoadedModel& m, const RunSpec& spec, const RunInputs& in,
+                                  size_t i, const LayerWeights& w,
+                                  const std::vector<uint16_t>& carried) {
+  if (in.dump) return dump_layer(*in.dump, spec.input.dump_path, w.layer).input;
+  if (spec.input.chain && i > 0) return carried;
+  if (spec.input.adversarial && w.gate_exps.data == nullptr)
+    return seeded_layer_input(spec, m.file.layer(w.layer), w.layer);
+  return seeded_layer_input(spec, w, w.layer);
+}
+
+// The layer's weights and mask, with the first read of its resident tensors (router, bias,
+// bias_vl, shared expert) hashed and refused when not finite before anything computes with them.
+LayerRun open_layer(const LoadedModel& m, const RunSpec& spec, const RunInputs& in, int L,
+                    bool streamed) {
+  LayerRun r;
+  r.L = L;
+  r.w = streamed ? m.file.resident_layer(L) : m.file.layer(L);
+  r.mask = layer_mask(m, spec, in, r.w);
+  (void)m.hasher->layer_slices(L, {}, !r.mask.empty());
+  return r;
+}
+
+// The forward's taps into the dump (its expert slices' digests now, or later: `slices` false).
+void fold_layer(Dump& d, const LoadedModel& m, const RunSpec& spec, LayerRun& r, TraceFile* trace,
+                const std::vector<uint16_t>* prev_x, bool slices) {
+  LayerTaps& taps = r.taps;
+  taps.layer = r.L;
+  taps.tokens = d.meta.tokens;
+  taps.input = r.x;
+  taps.image_mask = r.mask;  // every implementation's taps record the mask it was given
+  taps.output = r.y;
+  if (trace) record_trace_layer(*trace, spec, r.w, taps, prev_x, r.mask);
+  if (!spec.taps) {
+    taps.x_q8.clear();
+    taps.experts.clear();
+    taps.shared = ExpertTaps{};
+    taps.acc.clear();
+  }
+  if (slices)
+    d.slices.push_back(m.hasher->layer_slices(r.L, experts_used(taps.topk_ids), !r.mask.empty()));
+  d.meta.layers.push_back(r.L);
+  const MoeConfig& c = r.w.config;
+  if (c.swiglu_limit != d.meta.config.swiglu_limit ||
+      c.shared_swiglu_limit() != d.meta.config.shared_swiglu_limit())
+    d.meta.layer_clamps[r.L] = {c.swiglu_limit, c.shared_swiglu_limit()};
+  d.layers.push_back(std::move(taps));
+}
+
+std::vector<int> run_layer_list(const LoadedModel& m, const RunSpec& spec) {
   std::vector<int> layers = spec.layers;
   // By default every layer moecheck can run: hash-routed layers (deepseek4's first ones) pick
   // experts by token id and are left out; naming one in --layers gets ModelFile's refusal.
@@ -377,7 +448,48 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress, T
     if (l >= m.file.n_layers())
       throw InputError("--layers: layer " + std::to_string(l) + " is not in " + m.path +
                        " (it has " + std::to_string(m.file.n_layers()) + " layers)");
+  return layers;
+}
 
+// A streamed run's expert slices: their digests were taken by the reader threads (or, with the
+// checks after the run, are read now), once the cache has drained.
+void streamed_slices(Dump& d, const LoadedModel& m, StreamedRun& sr) {
+  sr.drain();
+  for (const LayerTaps& t : d.layers)
+    d.slices.push_back(
+        m.hasher->layer_slices(t.layer, experts_used(t.topk_ids), !t.image_mask.empty()));
+}
+
+// Every layer staged while the one before computes (the inputs are known up front).
+void run_pipelined(Dump& d, const LoadedModel& m, const RunSpec& spec, const RunInputs& in,
+                   const std::vector<int>& layers, StreamedRun& sr, TraceFile* trace,
+                   Progress* progress) {
+  std::vector<LayerRun> runs;
+  std::vector<std::vector<uint16_t>> xs;
+  std::vector<const uint8_t*> masks;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    runs.push_back(open_layer(m, spec, in, layers[i], true));
+    xs.push_back(layer_input(m, spec, in, i, runs.back().w, {}));
+  }
+  for (const LayerRun& r : runs) masks.push_back(r.mask.empty() ? nullptr : r.mask.data());
+  std::vector<LayerTaps> taps;
+  std::vector<std::vector<uint16_t>> ys = sr.forward_all(xs, d.meta.tokens, &taps, masks);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    runs[i].x = std::move(xs[i]);
+    runs[i].y = std::move(ys[i]);
+    runs[i].taps = std::move(taps[i]);
+    fold_layer(d, m, spec, runs[i], trace, i > 0 ? &runs[i - 1].x : nullptr, false);
+    if (progress) progress->step("layer " + std::to_string(runs[i].L) + " cuda (pipelined)");
+  }
+}
+
+}  // namespace
+
+Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress, TraceFile* trace,
+                StreamReport* report) {
+  std::string why;
+  if (!impl_available(spec.impl, &why)) throw InputError(why);
+  const std::vector<int> layers = run_layer_list(m, spec);
   Dump d;
   d.meta = make_meta(m, spec);
   const RunInputs in = open_inputs(m, spec, d.meta);
@@ -385,44 +497,28 @@ Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress, T
   // Refusals before any run; resident_layer: a synthetic model's experts are not made for this.
   for (int L : layers) layer_mask(m, spec, in, m.file.resident_layer(L));
   if (trace) begin_trace(*trace, d.meta);
-
-  std::vector<uint16_t> carried, prev_x;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const int L = layers[i];
-    const LayerWeights w = m.file.layer(L);
-    const std::vector<uint8_t>& mask = layer_mask(m, spec, in, w);
-    // The first read of the tensors every forward reads whole (router, bias, bias_vl, shared
-    // expert): hashed for the provenance and refused when not finite (golden/finite_check.h),
-    // before anything computes with them; the experts' slices follow the forward.
-    (void)m.hasher->layer_slices(L, {}, !mask.empty());
-    std::vector<uint16_t> x;
-    if (in.dump) x = dump_layer(*in.dump, spec.input.dump_path, L).input;
-    else if (spec.input.chain && i > 0) x = carried;
-    else x = seeded_layer_input(spec, w, L);
-    LayerTaps taps;
-    std::vector<uint16_t> y =
-        forward_one(spec, w, x, T, &taps, mask.empty() ? nullptr : mask.data());
-    taps.layer = L;
-    taps.tokens = T;
-    taps.input = x;
-    taps.image_mask = mask;  // every implementation's taps record the mask it was given
-    taps.output = y;
-    if (trace) record_trace_layer(*trace, spec, w, taps, i > 0 ? &prev_x : nullptr, mask);
-    if (!spec.taps) {
-      taps.x_q8.clear();
-      taps.experts.clear();
-      taps.shared = ExpertTaps{};
-      taps.acc.clear();
+  const bool streamed = spec.impl == Impl::kCuda && spec.knobs.stream.streamed();
+  std::unique_ptr<StreamedRun> sr;
+  if (streamed) sr = std::make_unique<StreamedRun>(m, spec, layers);
+  if (streamed && spec.knobs.stream.pipeline) {
+    run_pipelined(d, m, spec, in, layers, *sr, trace, progress);
+  } else {
+    std::vector<uint16_t> carried, prev_x;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      LayerRun r = open_layer(m, spec, in, layers[i], streamed);
+      r.x = layer_input(m, spec, in, i, r.w, carried);
+      const uint8_t* mk = r.mask.empty() ? nullptr : r.mask.data();
+      r.y = streamed ? sr->forward(i, r.x, T, &r.taps, mk)
+                     : forward_one(spec, r.w, r.x, T, &r.taps, mk);
+      carried = spec.input.residual ? residual_input(r.x, r.y, r.w.config.dim, r.L) : r.y;
+      fold_layer(d, m, spec, r, trace, i > 0 ? &prev_x : nullptr, !streamed);
+      prev_x = std::move(r.x);
+      if (progress) progress->step("layer " + std::to_string(r.L) + " " + impl_name(spec.impl));
     }
-    d.slices.push_back(m.hasher->layer_slices(L, experts_used(taps.topk_ids), !mask.empty()));
-    carried = spec.input.residual ? residual_input(x, y, w.config.dim, L) : std::move(y);
-    prev_x = std::move(x);
-    d.meta.layers.push_back(L);
-    if (w.config.swiglu_limit != d.meta.config.swiglu_limit ||
-        w.config.shared_swiglu_limit() != d.meta.config.shared_swiglu_limit())
-      d.meta.layer_clamps[L] = {w.config.swiglu_limit, w.config.shared_swiglu_limit()};
-    d.layers.push_back(std::move(taps));
-    if (progress) progress->step("layer " + std::to_string(L) + " " + impl_name(spec.impl));
+  }
+  if (streamed) {
+    streamed_slices(d, m, *sr);
+    if (report != nullptr) *report = sr->report();
   }
   return d;
 }

@@ -15,6 +15,7 @@
 #include "golden/model_file.h"
 #include "golden/provenance.h"
 #include "golden/trace_file.h"
+#include "tools/stream_run.h"
 
 namespace moecheck::cli {
 
@@ -38,6 +39,7 @@ struct ImplKnobs {
   bool shared_side_stream = true;                 // cuda
   int mmvq_max_rows = 8;                          // cuda: the MMVQ / MMQ split (0..8)
   RoutePlace route = RoutePlace::kHost;           // cuda: where the top-k selection runs
+  StreamKnobs stream;                             // cuda: the expert cache (tools/stream_run.h)
 };
 
 struct InputSpec {
@@ -94,8 +96,10 @@ void require_bias_vl(const LayerWeights& w, const std::string& model, const std:
 // With `trace`: each layer run's picks (the taps' topk_ids) in run order and, for every layer
 // after the first, its picks predicted from the previous run layer's input
 // (tools/trace_record.h predicted_picks, whatever spec.impl), with origin and expert_bytes.
+// A cuda run with spec.knobs.stream.streamed() reads its experts through an expert cache
+// (tools/stream_run.h); `report` (nullable) then gets what the cache did.
 Dump run_layers(const LoadedModel& m, const RunSpec& spec, Progress* progress,
-                TraceFile* trace = nullptr);
+                TraceFile* trace = nullptr, StreamReport* report = nullptr);
 
 // The root attributes a run of spec.impl on m records (tokens and input_source are the caller's).
 DumpMeta make_meta(const LoadedModel& m, const RunSpec& spec);
