@@ -19,6 +19,33 @@ namespace {
 
 class CliFlags : public CliFixture {};
 
+// The expert cache's environment overrides are checked like flags (exit 2 naming the variable,
+// nothing written), and a flag on the command line wins over them.
+TEST_F(CliFlags, StreamEnvironmentOverridesAreCheckedAndFlagsWin) {
+  const std::string o = p("env_out.h5");
+  for (const char* env : {"MOECHECK_CACHE_SLOTS=abc", "MOECHECK_READER_THREADS=99",
+                          "MOECHECK_PREFETCH_K=-1", "MOECHECK_CACHE_BYTES=7XB"}) {
+    const CliResult r = run_with(env, "run --impl cuda --model " + p("tiny.gguf") + " -o " + o, "");
+    EXPECT_EXIT_CODE(r, 2);
+    const std::string name = std::string(env).substr(0, std::string(env).find('='));
+    EXPECT_CONTAINS(r.err, "environment variable " + name, r);
+    EXPECT_FALSE(fs::exists(o)) << r.cmd;
+  }
+  // --cache-slots given: MOECHECK_CACHE_BYTES is not applied on top of it (both sizes would be
+  // refused), so the run goes on to the next refusal, the missing reader pool of --prefetch-k.
+  const CliResult w = run_with(
+      "MOECHECK_CACHE_BYTES=1GB",
+      "run --impl cuda --model " + p("tiny.gguf") + " --cache-slots 8 --prefetch-k 2 -o " + o, "");
+  EXPECT_EXIT_CODE(w, 2);
+  EXPECT_CONTAINS(w.err, "--prefetch-k 2: prefetch reads in the reader pool", w);
+  // An environment override that asks for prefetch without a reader pool is refused by name too.
+  const CliResult e =
+      run_with("MOECHECK_PREFETCH_K=3",
+               "run --impl cuda --model " + p("tiny.gguf") + " --cache-slots 8 -o " + o, "");
+  EXPECT_EXIT_CODE(e, 2);
+  EXPECT_CONTAINS(e.err, "--prefetch-k 3: prefetch reads in the reader pool", e);
+}
+
 struct Case {
   std::string args;    // {m}: the tiny model, {d}: a dump of it, {x}: a text file, {o}: an output
   std::string needle;  // in the error line
@@ -82,6 +109,31 @@ TEST_F(CliFlags, EveryFlagsBadValueIsExit2NamingIt) {
       {"run --impl emu --model {m} --residual -o {o}", "--residual: "},
       {"run --impl emu --model {m} --chain --trace " + p("nodir") + "/t.json -o {o}",
        "--trace " + p("nodir") + "/t.json: directory"},
+      {"run --impl emu --model {m} --cache-slots 8 -o {o}",
+       "--cache-slots 8: only the cuda implementation has an expert cache"},
+      {"run --impl cuda --model {m} --cache-slots 8 --cache-bytes 1GB -o {o}",
+       "give one size of the expert cache"},
+      {"run --impl cuda --model {m} --cache-slots 8 --prefetch-k 2 -o {o}",
+       "--prefetch-k 2: prefetch reads in the reader pool"},
+      {"run --impl cuda --model {m} --reader-threads 2 -o {o}",
+       "which runs only with --cache-slots or --cache-bytes"},
+      {"run --impl cuda --model {m} --cache-slots 8 --pipeline --chain -o {o}",
+       "--pipeline: it stages layer L+1"},
+      {"run --impl cuda --model {m} --cache-slots 8 --pipeline --route device -o {o}",
+       "--pipeline: the stage / launch / finish split is the host route's"},
+      {"run --impl cuda --model {m} --cache-bytes 12 -o {o}",
+       "--cache-bytes 12: expected one size"},
+      {"run --impl cuda --model {m} --cache-bytes 3XB -o {o}",
+       "--cache-bytes 3XB: expected a size"},
+      {"run --impl cuda --model {m} --cache-slots 0 -o {o}", "--cache-slots: Value 0 not in range"},
+      {"run --impl cuda --model {m} --reader-threads 65 -o {o}",
+       "--reader-threads: Value 65 not in range"},
+      {"run --impl cuda --model {m} --stream-checks x -o {o}",
+       "--stream-checks: x not in {readers,after}"},
+      {"run --impl cuda --model {m} --expert-source x -o {o}",
+       "--expert-source: x not in {model,memory}"},
+      {"check --model {m} --impls ref,emu --cache-slots 8",
+       "the expert cache is the cuda implementation's, which this check does not run"},
       {"cache --trace missing.json", "missing.json: trace file does not exist"},
       {"cache --trace {x}", "not valid JSON"},
       {"cache --synthetic layers=0", "--synthetic: layers=0: expected 1 to 4096"},
