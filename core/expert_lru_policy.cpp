@@ -41,6 +41,20 @@ int32_t ExpertLruPolicy::victim(const std::vector<bool>* skip) const {
   return best;
 }
 
+void ExpertLruPolicy::take(int32_t slot, ExpertKey key, Grant* g) {
+  Slot& x = slots_[static_cast<size_t>(slot)];
+  if (x.used) {
+    g->evicted = true;
+    g->victim = x.key;
+    ++counters_.evictions;
+    if (x.prefetched) ++counters_.prefetch_wasted;
+    drop(slot);
+  }
+  x.used = true;
+  x.key = key;
+  index_[key] = slot;
+}
+
 void ExpertLruPolicy::drop(int32_t slot) {
   Slot& x = slots_[static_cast<size_t>(slot)];
   if (x.used) index_.erase(x.key);
@@ -110,16 +124,7 @@ int64_t ExpertLruPolicy::acquire(const std::vector<ExpertKey>& keys, std::vector
     } else {
       g.kind = GrantKind::kMiss;
       ++counters_.misses;
-      if (x.used) {
-        g.evicted = true;
-        g.victim = x.key;
-        ++counters_.evictions;
-        if (x.prefetched) ++counters_.prefetch_wasted;
-        drop(s);
-      }
-      x.used = true;
-      x.key = k;
-      index_[k] = s;
+      take(s, k, &g);
     }
     ++x.pins;
     x.stamp = ++tick_;
@@ -178,23 +183,14 @@ std::optional<ExpertLruPolicy::Grant> ExpertLruPolicy::prefetch(ExpertKey key) {
     ++counters_.prefetch_dropped;
     return std::nullopt;
   }
-  Slot& x = slots_[static_cast<size_t>(s)];
   Grant g;
   g.key = key;
   g.slot = s;
   g.kind = GrantKind::kMiss;
-  if (x.used) {
-    g.evicted = true;
-    g.victim = x.key;
-    ++counters_.evictions;
-    if (x.prefetched) ++counters_.prefetch_wasted;
-    drop(s);
-  }
-  x.used = true;
+  take(s, key, &g);
+  Slot& x = slots_[static_cast<size_t>(s)];
   x.prefetched = true;
-  x.key = key;
   x.stamp = ++tick_;
-  index_[key] = s;
   ++counters_.prefetch_issued;
   return g;
 }

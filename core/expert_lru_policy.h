@@ -123,6 +123,8 @@ class ExpertLruPolicy {
   // `skip` marks slots already chosen in this acquire.
   int32_t victim(const std::vector<bool>* skip) const;
   void drop(int32_t slot);  // the slot becomes free (no counter moves)
+  // The slot becomes key's (not valid, not pinned): its old entry, if any, evicted into *g.
+  void take(int32_t slot, ExpertKey key, Grant* g);
   Slot& at(int32_t slot, const char* op);
 
   std::vector<Slot> slots_;

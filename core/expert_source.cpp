@@ -43,14 +43,9 @@ ExpertLayout expert_layout(const LayerWeights& w) {
   return ExpertLayout{w.gate_exps, w.up_exps, w.down_exps};
 }
 
-namespace {
-
-// llama.cpp's stacked tensor of a projection: "blk.L.ffn_gate_exps.weight".
-std::string stack_tensor(int layer, Proj p) {
+std::string stack_tensor_name(int layer, Proj p) {
   return "blk." + std::to_string(layer) + ".ffn_" + proj_name(p) + "_exps.weight";
 }
-
-}  // namespace
 
 HostExpertSource::HostExpertSource(const std::vector<LayerWeights>& layers, std::string name)
     : name_(std::move(name)) {
@@ -58,7 +53,7 @@ HostExpertSource::HostExpertSource(const std::vector<LayerWeights>& layers, std:
     for (Proj p : kAllProjs)
       if (expert_layout(w).stack(p).data == nullptr)
         throw InputError(name_ + ": layer " + std::to_string(w.layer) + " tensor " +
-                         stack_tensor(w.layer, p) + " has no bytes in host memory");
+                         stack_tensor_name(w.layer, p) + " has no bytes in host memory");
     if (!layers_.emplace(w.layer, w).second)
       throw InputError(name_ + ": layer " + std::to_string(w.layer) + " given twice");
   }
@@ -77,7 +72,7 @@ ExpertLayout HostExpertSource::layout(int layer) const { return expert_layout(fi
 void HostExpertSource::check_expert(const LayerWeights& w, int64_t expert, Proj p) const {
   const int64_t n = expert_layout(w).stack(p).n_experts;
   if (expert < 0 || expert >= n)
-    throw InputError(name_ + ": tensor " + stack_tensor(w.layer, p) + " layer " +
+    throw InputError(name_ + ": tensor " + stack_tensor_name(w.layer, p) + " layer " +
                      std::to_string(w.layer) + " expert " + std::to_string(expert) +
                      ": outside the stack's " + std::to_string(n) + " experts");
 }

@@ -19,6 +19,8 @@ enum class Proj { kGate, kUp, kDown };
 inline constexpr Proj kAllProjs[3] = {Proj::kGate, Proj::kUp, Proj::kDown};
 // "gate", "up", "down".
 const char* proj_name(Proj p);
+// llama.cpp's stacked tensor of a projection: "blk.L.ffn_gate_exps.weight".
+std::string stack_tensor_name(int layer, Proj p);
 
 // One layer's routed experts as stacks (type, rows, cols, n_experts per projection); `data` is
 // the host bytes when the holder has them, nullptr otherwise.

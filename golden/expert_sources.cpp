@@ -16,9 +16,6 @@
 namespace moecheck {
 namespace {
 
-constexpr LayerTensor kStackTensors[3] = {LayerTensor::kGateExps, LayerTensor::kUpExps,
-                                          LayerTensor::kDownExps};
-
 size_t proj_index(Proj p) { return static_cast<size_t>(p); }
 
 // The stack's type and shape for config c: gate / up Q2_K [inter, dim], down Q3_K [dim, inter].
@@ -33,10 +30,6 @@ std::string ne_text(const gguf::TensorInfo& t) { return gguf::shape_string(t); }
 constexpr uint64_t kMaxPread = 1u << 30;
 
 }  // namespace
-
-std::string stack_tensor_name(int layer, Proj p) {
-  return tensor_name(layer, kStackTensors[proj_index(p)]);
-}
 
 FileExpertSource::FileExpertSource(const std::string& path)
     : FileExpertSource(ModelFile::open(path)) {}

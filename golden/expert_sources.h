@@ -74,7 +74,4 @@ class SyntheticExpertSource : public ExpertSource {
   GenOptions o_;
 };
 
-// llama.cpp's stacked tensor of a projection: "blk.L.ffn_gate_exps.weight".
-std::string stack_tensor_name(int layer, Proj p);
-
 }  // namespace moecheck

@@ -56,6 +56,12 @@ bool is_shared(LayerTensor t) {
 
 }  // namespace
 
+LayerTensor stack_tensor(Proj p) {
+  return p == Proj::kGate ? LayerTensor::kGateExps
+         : p == Proj::kUp ? LayerTensor::kUpExps
+                          : LayerTensor::kDownExps;
+}
+
 std::string tensor_name(int layer, LayerTensor t) {
   return "blk." + std::to_string(layer) + "." + tensor_suffix(t);
 }

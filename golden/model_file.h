@@ -73,6 +73,8 @@ inline constexpr std::array<LayerTensor, 1> kOptionalLayerTensors = {LayerTensor
 
 // "blk.<layer>.ffn_gate_exps.weight" etc.
 std::string tensor_name(int layer, LayerTensor t);
+// The stacked tensor of an expert projection: gate -> kGateExps, up -> kUpExps, down -> kDownExps.
+LayerTensor stack_tensor(Proj p);
 // "blk.<layer>.ffn_gate_tid2eid.weight": a hash-routed layer's I32 [topk, n_vocab] table of
 // experts by token id (deepseek4; docs/gguf.md "Conventions"). moecheck refuses such layers.
 std::string hash_table_name(int layer);

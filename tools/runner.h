@@ -17,6 +17,10 @@
 #include "golden/trace_file.h"
 #include "tools/stream_run.h"
 
+#if defined(MOECHECK_HAVE_CUDA)
+#include "cuda/moe_layer.h"
+#endif
+
 namespace moecheck::cli {
 
 class Progress;
@@ -110,6 +114,11 @@ DumpMeta make_meta(const LoadedModel& m, const RunSpec& spec);
 std::vector<uint16_t> forward_one(const RunSpec& spec, const LayerWeights& w,
                                   const std::vector<uint16_t>& x, int64_t T, LayerTaps* taps,
                                   const uint8_t* image_mask = nullptr);
+
+#if defined(MOECHECK_HAVE_CUDA)
+// The cuda layer's options of the knobs (the expert cache's prefetch depth included).
+moecheck::cuda::LayerOptions cuda_layer_options(const ImplKnobs& k);
+#endif
 
 // Layer L's seeded input of `spec` (generate_input of the layer's seed, T = spec.tokens), followed
 // by its adversarial tokens when spec.input.adversarial.

@@ -105,16 +105,6 @@ void validate_stream_knobs(const StreamKnobs& k, bool chained, bool device_route
 
 #if defined(MOECHECK_HAVE_CUDA)
 
-namespace {
-
-LayerTensor stack_tensor(Proj p) {
-  return p == Proj::kGate ? LayerTensor::kGateExps
-         : p == Proj::kUp ? LayerTensor::kUpExps
-                          : LayerTensor::kDownExps;
-}
-
-}  // namespace
-
 struct StreamedRun::Impl {
   std::vector<int> layers;
   std::shared_ptr<moecheck::cuda::ExpertLru> cache;
@@ -159,13 +149,7 @@ StreamedRun::StreamedRun(const LoadedModel& m, const RunSpec& spec, const std::v
   }
   s.cache = std::make_shared<moecheck::cuda::ExpertLru>(src, expert_layout(first),
                                                         first.config.n_routed, co);
-  moecheck::cuda::LayerOptions lo;
-  lo.router = spec.knobs.router;
-  lo.expert_warps = spec.knobs.expert_warps;
-  lo.shared_side_stream = spec.knobs.shared_side_stream;
-  lo.route = spec.knobs.route;
-  lo.mmvq_max_rows = spec.knobs.mmvq_max_rows;
-  lo.prefetch_k = k.prefetch_k;
+  const moecheck::cuda::LayerOptions lo = cuda_layer_options(spec.knobs);
   for (int L : layers)
     s.ls.push_back(
         std::make_unique<moecheck::cuda::MoeLayer>(m.file.resident_layer(L), s.cache, lo));
