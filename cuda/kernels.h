@@ -95,8 +95,14 @@ MmvqEngine mmvq_engine();
 // leaving room for a concurrent kernel (the shared expert on the side stream). No bit depends on
 // it. Process-wide, for benchmarks; not thread-safe.
 void set_mmvq_blocks_per_sm(int cap);
+// The dp4a kernel's rows per warp: 0 (the default) two wherever the doubled tiles fit in shared
+// memory, 1 always one (the kernel's fallback, so that tests reach it). No bit depends on it.
+// Process-wide, for tests and benchmarks; not thread-safe.
+void set_mmvq_rows_per_warp(int r);
 
-// ---- route_select, route_plan (cuda/route_select.cu): the device route ----
+// ---- route_select, route_plan (cuda/route_select.cu, cuda/route_plan.cu): the device route ----
+// The most routed experts the device route takes (route_plan's shared memory: 16 bytes each).
+constexpr int64_t kMaxRouteExperts = 2048;
 // The routing scalars route_select needs (core/config.h MoeConfig's routing fields).
 struct RouteParams {
   int64_t n_routed = 0, topk = 0;

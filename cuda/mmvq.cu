@@ -5,9 +5,11 @@
 // Schedule: a tile is R * W consecutive rows (W = 2, 4, 8 warps per block, R rows per warp).
 // A persistent grid walks the tiles, each block a contiguous range; the next tiles are copied
 // into shared memory with 16-byte cp.async (three buffers, two at R = 2) while tile t is computed.
-// Warp w computes row w of the tile for every token of the group (one-token launches: rows
-// 2w, 2w + 1, sharing the activation loads): lane l takes units g = l, l + 32, ... (exact
-// dp4a integer parts, the float part of numerics.md), then the butterfly. Loads never change
+// Warp w computes rows 2w, 2w + 1 of the tile for every token of the group (sharing each
+// activation load between the two rows and each decoded weight unit between the tokens; R = 1,
+// row w, where the doubled tiles do not fit): lane l takes units g = l, l + 32, ... (exact dp4a
+// integer parts, the float part of numerics.md), then the butterfly. Row routines:
+// cuda/mmvq_rows.cuh. Loads never change
 // the arithmetic. With cuda::MmvqEngine::kTensorCore, one-token launches go to cuda/mmvq_tc.cu
 // instead (same bits). Performance: docs/performance.md "GPU".
 #include <cuda_pipeline.h>
@@ -18,6 +20,7 @@
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
 #include "cuda/kernels.h"
+#include "cuda/mmvq_rows.cuh"
 #include "cuda/mmvq_tc.cuh"
 #include "cuda/mmvq_tiles.cuh"
 #include "cuda/mmvq_units.cuh"
@@ -28,173 +31,31 @@ namespace {
 MmvqEngine g_engine = MmvqEngine::kDp4a;
 int g_tc_stages = 0, g_tc_mode = 0;
 int g_blocks_per_sm = 0;
+int g_rows_per_warp = 0;
 
 using namespace mmvq_tiles;
 using namespace mmvq_units;
-
-// The group's activation rows staged once per block and group: per (token, unit) the 32
-// quants, d8 widened to f32 and the exact sums of the two halves. The quants are stored as two
-// arrays of 16-byte words (values 0-15, then 16-31), unit-contiguous, so that a warp's lanes
-// (consecutive units) read consecutive 16-byte words: no shared-memory bank conflicts.
-struct ActLayout {
-  int q, d, s, bytes;
-  __host__ __device__ ActLayout(int buf_bytes, int n_bufs, int units, int max_n) {
-    q = n_bufs * buf_bytes;
-    d = q + max_n * units * 32;
-    s = d + max_n * units * 4;
-    bytes = s + max_n * units * 8;
-  }
-};
-
-// Two passes: the rows' 36-byte blocks are read as consecutive 4-byte words (coalesced: a
-// warp reads 128 contiguous bytes) and scattered into the layout, then each (token, unit)
-// sums its halves from shared memory. The caller synchronises after.
-template <int kThreads>
-__device__ __forceinline__ void stage_act(const MmvqParams& p, int64_t group, int n, int units,
-                                          uint8_t* smem, const ActLayout& L) {
-  uint32_t* q_lo = reinterpret_cast<uint32_t*>(smem + L.q);  // words 0-3 of every (token, unit)
-  uint32_t* q_hi = q_lo + 4 * n * units;                     // words 4-7
-  float* act_d = reinterpret_cast<float*>(smem + L.d);
-  const int words = 9 * units;  // one row of q8_1 blocks
-  for (int i = 0; i < n; ++i) {
-    const uint32_t* src =
-        reinterpret_cast<const uint32_t*>(p.a + static_cast<int64_t>(act_row(p, group, i)) * units);
-    for (int w = threadIdx.x; w < words; w += kThreads) {
-      const uint32_t v = __ldg(src + w);
-      const int g = w / 9, k = w - 9 * g;
-      const int it = i * units + g;
-      // NaN bits of d8 never reach an output unchanged (only through fma_rn, which returns the
-      // canonical NaN on both sides), so the hardware conversion is exact enough here.
-      if (k == 0) act_d[it] = __half2float(__ushort_as_half(static_cast<uint16_t>(v & 0xFFFF)));
-      else if (k <= 4) q_lo[4 * it + k - 1] = v;
-      else q_hi[4 * it + k - 5] = v;
-    }
-  }
-  __syncthreads();
-  int2* act_s = reinterpret_cast<int2*>(smem + L.s);
-  for (int it = threadIdx.x; it < n * units; it += kThreads) {
-    int s0 = 0, s1 = 0;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      s0 = __dp4a(0x01010101, static_cast<int>(q_lo[4 * it + k]), s0);
-      s1 = __dp4a(0x01010101, static_cast<int>(q_hi[4 * it + k]), s1);
-    }
-    act_s[it] = make_int2(s0, s1);
-  }
-}
-
-// Row `row_off` (byte offset in buf) against the n staged tokens: the lane chains and the
-// butterfly; lane 0 writes y[out_row(i) * rows + row].
-template <GgmlType kType, bool kAligned4, int kMaxN>
-__device__ __forceinline__ void row_dot(const MmvqParams& p, const uint8_t* smem,
-                                        const uint8_t* buf, const ActLayout& L, int row_off, int n,
-                                        int64_t group, int64_t row) {
-  constexpr int kBB = kType == GgmlType::kQ2K ? 84 : 110;  // block bytes
-  const int lane = threadIdx.x % kWarpSize;
-  const int units = static_cast<int>(p.K / kQK8_1);
-  const uint4* act_q = reinterpret_cast<const uint4*>(smem + L.q);
-  const float* act_d = reinterpret_cast<const float*>(smem + L.d);
-  const int2* act_s = reinterpret_cast<const int2*>(smem + L.s);
-  float acc[kMaxN];
-#pragma unroll
-  for (int i = 0; i < kMaxN; ++i) acc[i] = 0.0f;
-  for (int g = lane; g < units; g += kWarpSize) {
-    const int b = g & (kQ8PerSuperBlock - 1);
-    const WeightUnit u =
-        decode_unit<kType, kAligned4>(buf, row_off + (g / kQ8PerSuperBlock) * kBB, b);
-#pragma unroll
-    for (int i = 0; i < kMaxN; ++i) {
-      if (i < n) {
-        const int ai = i * units + g;
-        acc[i] = fma_rn(act_d[ai], unit_t<kType>(u, b, act_q[ai], act_q[n * units + ai], act_s[ai]),
-                        acc[i]);
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kMaxN; ++i) {
-    if (i < n) {
-      const float v = warp_butterfly(acc[i]);
-      if (lane == 0) p.y[static_cast<int64_t>(out_row(p, group, i)) * p.rows + row] = v;
-    }
-  }
-}
-
-// Two rows (row, row + 1 at row_off, row_off + row_bytes) against one staged token: each
-// activation load and its addressing feed both rows; the two lane chains are independent and
-// unchanged. Tail (units % 32 = r, 0 < r <= 16): lanes 0..r-1 compute t of the first row's
-// units, lanes r..2r-1 those of the second row, and the second row's t moves to its owning
-// lane by a shuffle (t is a pure function of its unit: the same bits on any lane).
-template <GgmlType kType, bool kAligned4>
-__device__ __forceinline__ void row_pair(const MmvqParams& p, const uint8_t* smem,
-                                         const uint8_t* buf, const ActLayout& L, int row_off,
-                                         int64_t group, int64_t row) {
-  constexpr int kBB = kType == GgmlType::kQ2K ? 84 : 110;
-  constexpr int kStep = kWarpSize / kQ8PerSuperBlock * kBB;  // bytes per 32 units
-  const int lane = threadIdx.x % kWarpSize;
-  const int units = static_cast<int>(p.K / kQK8_1);
-  const int rb = p.row_bytes;
-  const uint4* act_q = reinterpret_cast<const uint4*>(smem + L.q);
-  const float* act_d = reinterpret_cast<const float*>(smem + L.d);
-  const int2* act_s = reinterpret_cast<const int2*>(smem + L.s);
-  const int tail = units % kWarpSize;
-  const int split =
-      tail <= kWarpSize / 2 ? units - tail : units;  // units below: both rows per lane
-  float acc0 = 0.0f, acc1 = 0.0f;
-  {
-    const UnitPos u = unit_pos<kType>(lane & (kQ8PerSuperBlock - 1));
-    int blk = row_off + (lane / kQ8PerSuperBlock) * kBB;
-    int wb = blk & ~3;  // kStep is a multiple of 4: the alignments stay fixed
-    const int fs0 = 8 * (blk & 3), fs1 = 8 * ((blk + rb) & 3);
-    const int wb1 = ((blk + rb) & ~3) - wb;
-    for (int g = lane; g < split; g += kWarpSize, blk += kStep, wb += kStep) {
-      const uint4 x0 = act_q[g], x1 = act_q[units + g];
-      const int aq[8] = {static_cast<int>(x0.x), static_cast<int>(x0.y), static_cast<int>(x0.z),
-                         static_cast<int>(x0.w), static_cast<int>(x1.x), static_cast<int>(x1.y),
-                         static_cast<int>(x1.z), static_cast<int>(x1.w)};
-      const int2 hs = act_s[g];
-      const int hs16 = static_cast<int>(__byte_perm(hs.x, hs.y, 0x5410));
-      const float d8 = act_d[g];
-      const float t0 = pos_t<kType, kAligned4>(buf, blk, wb, fs0, u, aq, hs, hs16);
-      const float t1 = pos_t<kType, kAligned4>(buf, blk + rb, wb + wb1, fs1, u, aq, hs, hs16);
-      acc0 = fma_rn(d8, t0, acc0);
-      acc1 = fma_rn(d8, t1, acc1);
-    }
-  }
-  if (split < units) {  // warp-uniform
-    const int second = lane >= tail ? 1 : 0;
-    const int g = split + lane - second * tail;
-    float t = 0.0f;
-    if (lane < 2 * tail) {
-      const UnitPos u = unit_pos<kType>(g & (kQ8PerSuperBlock - 1));
-      const uint4 x0 = act_q[g], x1 = act_q[units + g];
-      const int aq[8] = {static_cast<int>(x0.x), static_cast<int>(x0.y), static_cast<int>(x0.z),
-                         static_cast<int>(x0.w), static_cast<int>(x1.x), static_cast<int>(x1.y),
-                         static_cast<int>(x1.z), static_cast<int>(x1.w)};
-      const int2 hs = act_s[g];
-      const int blk = row_off + second * rb + (g / kQ8PerSuperBlock) * kBB;
-      t = pos_t<kType, kAligned4>(buf, blk, blk & ~3, 8 * (blk & 3), u, aq, hs,
-                                  static_cast<int>(__byte_perm(hs.x, hs.y, 0x5410)));
-    }
-    const float t1 = __shfl_down_sync(0xFFFFFFFFu, t, tail);
-    if (lane < tail) {
-      const float d8 = act_d[g];
-      acc0 = fma_rn(d8, t, acc0);
-      acc1 = fma_rn(d8, t1, acc1);
-    }
-  }
-  const float v0 = warp_butterfly(acc0);
-  const float v1 = warp_butterfly(acc1);
-  if (lane == 0) {
-    float* y = p.y + static_cast<int64_t>(out_row(p, group, 0)) * p.rows + row;
-    y[0] = v0;
-    y[1] = v1;
-  }
-}
+using namespace mmvq_rows;
 
 // One staged tile of tr rows (its bytes in buf, copied from src) against the group's n staged
-// tokens: warp w computes rows kR w (and kR w + 1) of the tile, first_row the tile's first row.
-template <GgmlType kType, int kR>
+// tokens (n <= kN): warp w computes rows kR w (and kR w + 1) of the tile, first_row the tile's
+// first row.
+template <GgmlType kType, bool kAligned4, int kR, int kN>
+__device__ __forceinline__ void warp_rows(const MmvqParams& p, const uint8_t* smem,
+                                          const uint8_t* buf, const ActLayout& L, int row_off,
+                                          bool two, int n, int64_t group, int64_t row) {
+  // One token gets its own code: no guards for seven absent tokens.
+  if (n == 1) {
+    if (kR == 2 && two) row_pair<kType, kAligned4>(p, smem, buf, L, row_off, group, row);
+    else row_dot<kType, kAligned4, 1>(p, smem, buf, L, row_off, 1, group, row);
+  } else if constexpr (kN > 1) {
+    if (n <= 0) return;
+    if (kR == 2 && two) row_pair_n<kType, kAligned4, kN>(p, smem, buf, L, row_off, n, group, row);
+    else row_dot<kType, kAligned4, kN>(p, smem, buf, L, row_off, n, group, row);
+  }
+}
+
+template <GgmlType kType, int kR, int kN>
 __device__ __forceinline__ void compute_tile(const MmvqParams& p, const uint8_t* smem,
                                              const uint8_t* buf, const ActLayout& L,
                                              const uint8_t* src, int tr, int n, int64_t group,
@@ -204,36 +65,29 @@ __device__ __forceinline__ void compute_tile(const MmvqParams& p, const uint8_t*
   const int align_off = static_cast<int>(reinterpret_cast<uintptr_t>(src) & 15);
   const int row_off = align_off + first * p.row_bytes;
   const int64_t row = first_row + first;
+  const bool two = first + 1 < tr;  // kR = 2: both of the warp's rows exist
   // Q2_K blocks are 84 bytes: all 4-byte aligned when the tile's first row is (uniform).
-  // One token (the one-token form) gets its own code: no guards for seven absent tokens.
-  const bool aligned = kType == GgmlType::kQ2K && ((align_off | p.row_bytes) & 3) == 0;
-  if constexpr (kR == 2) {  // launched only with one token per group (n is 0 or 1)
-    if (n == 1 && first + 1 < tr) {
-      if (aligned) row_pair<kType, true>(p, smem, buf, L, row_off, group, row);
-      else row_pair<kType, false>(p, smem, buf, L, row_off, group, row);
-    } else if (n == 1) {
-      if (aligned) row_dot<kType, true, 1>(p, smem, buf, L, row_off, 1, group, row);
-      else row_dot<kType, false, 1>(p, smem, buf, L, row_off, 1, group, row);
-    }
-  } else if (n == 1) {
-    if (aligned) row_dot<kType, true, 1>(p, smem, buf, L, row_off, 1, group, row);
-    else row_dot<kType, false, 1>(p, smem, buf, L, row_off, 1, group, row);
-  } else {
-    if (aligned) row_dot<kType, true, kMaxGroupRows>(p, smem, buf, L, row_off, n, group, row);
-    else row_dot<kType, false, kMaxGroupRows>(p, smem, buf, L, row_off, n, group, row);
-  }
+  if (kType == GgmlType::kQ2K && ((align_off | p.row_bytes) & 3) == 0)
+    warp_rows<kType, true, kR, kN>(p, smem, buf, L, row_off, two, n, group, row);
+  else warp_rows<kType, false, kR, kN>(p, smem, buf, L, row_off, two, n, group, row);
 }
 
-// kR rows per warp (1, or 2 for one-token launches: row_pair), so a tile is kR * kWarps rows.
-// kR = 1: 64 registers at most (1024 threads per SM) and three tile buffers (tiles t + 1 and
-// t + 2 in flight while tile t is computed). kR = 2: 85 registers at most (768 threads per SM)
-// and two buffers of twice the rows (tile t + 1 in flight), so that 24 warps fit an SM: the
-// pair loop is issue bound, and occupancy pays more than a deeper copy pipeline. Block b walks
-// the contiguous tiles [b * tiles / grid, (b + 1) * tiles / grid): consecutive row blocks of
-// mostly one group, so the activation is staged once per group change and the weight reads
-// are sequential.
-template <GgmlType kType, int kWarps, int kR>
-__global__ void __launch_bounds__(kWarps* kWarpSize, kR == 1 ? 32 / kWarps : 24 / kWarps)
+// kR rows per warp (1, or 2: row_pair / row_pair_n), so a tile is kR * kWarps rows; groups of
+// at most kN tokens. kR = 1: 64 registers at most (1024 threads per SM) and three tile buffers
+// (tiles t + 1 and t + 2 in flight while tile t is computed). kR = 2: two buffers of twice the
+// rows (tile t + 1 in flight); one token (kN = 1) at 85 registers at most (768 threads per SM),
+// so that 24 warps fit an SM: the pair loop is issue bound, and occupancy pays more than a
+// deeper copy pipeline; up to 8 tokens (kN = 8) at 128 (512 threads per SM: the 2 x 8 chains
+// and two decoded weight units stay in registers, and the staged activation of 8 tokens limits
+// a ds41 gate block to two per SM anyway). Block b walks the contiguous tiles [b * tiles / grid,
+// (b + 1) * tiles / grid): consecutive row blocks of mostly one group, so the activation is
+// staged once per group change and the weight reads are sequential.
+constexpr int mmvq_min_blocks(int warps, int r, int n) {
+  return (r == 1 ? 32 : n == 1 ? 24 : 16) / warps;
+}
+
+template <GgmlType kType, int kWarps, int kR, int kN>
+__global__ void __launch_bounds__(kWarps* kWarpSize, mmvq_min_blocks(kWarps, kR, kN))
     mmvq_kernel(MmvqParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kThreads = kWarps * kWarpSize;
@@ -289,8 +143,8 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, kR == 1 ? 32 / kWarps : 24 
       staged = key;
       __syncthreads();
     }
-    compute_tile<kType, kR>(p, smem, smem + k * buf_bytes, L, walk.start(c0, g0), walk.rows(c0),
-                            g0.n, c0.group, static_cast<int64_t>(c0.rblk) * kTileRows);
+    compute_tile<kType, kR, kN>(p, smem, smem + k * buf_bytes, L, walk.start(c0, g0), walk.rows(c0),
+                                g0.n, c0.group, static_cast<int64_t>(c0.rblk) * kTileRows);
     __syncthreads();  // buffer k and the staged activation are free again
     c0 = c1;
     c1 = c2;
@@ -301,14 +155,14 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, kR == 1 ? 32 / kWarps : 24 
   }
 }
 
-template <GgmlType kType, int kWarps, int kR>
+template <GgmlType kType, int kWarps, int kR, int kN>
 void launch_one(const MmvqParams& p, void* stream) {
   const int smem = ActLayout(tile_buffer_bytes(kWarps * kR, p.row_bytes), mmvq_buffers(kR),
                              static_cast<int>(p.K / kQK8_1), p.max_n)
                        .bytes;
   static int smem_set = 48 * 1024;  // the dynamic shared-memory limit, raised when needed
   if (smem > smem_set) {
-    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(mmvq_kernel<kType, kWarps, kR>,
+    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(mmvq_kernel<kType, kWarps, kR, kN>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     smem_set = smem;
   }
@@ -318,7 +172,7 @@ void launch_one(const MmvqParams& p, void* stream) {
   static int resident_smem = -1;
   if (resident_smem != smem) {
     MOECHECK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, mmvq_kernel<kType, kWarps, kR>, kWarps * kWarpSize, smem));
+        &per_sm, mmvq_kernel<kType, kWarps, kR, kN>, kWarps * kWarpSize, smem));
     sms = current_sm_count();
     resident_smem = smem;
   }
@@ -326,18 +180,31 @@ void launch_one(const MmvqParams& p, void* stream) {
       (g_blocks_per_sm > 0 && g_blocks_per_sm < per_sm ? g_blocks_per_sm : per_sm) * sms;
   const int64_t tiles = (p.rows + kWarps * kR - 1) / (kWarps * kR) * p.n_groups;
   const int64_t grid = tiles < resident ? tiles : resident;
-  mmvq_kernel<kType, kWarps, kR>
+  mmvq_kernel<kType, kWarps, kR, kN>
       <<<static_cast<unsigned>(grid), kWarps * kWarpSize, smem, as_stream(stream)>>>(p);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 
-template <GgmlType kType, int kR>
+template <GgmlType kType, int kR, int kN>
 void launch_warps(const MmvqParams& p, int warps, void* stream) {
   switch (warps) {
-    case 2: launch_one<kType, 2, kR>(p, stream); break;
-    case 4: launch_one<kType, 4, kR>(p, stream); break;
-    default: launch_one<kType, 8, kR>(p, stream); break;
+    case 2: launch_one<kType, 2, kR, kN>(p, stream); break;
+    case 4: launch_one<kType, 4, kR, kN>(p, stream); break;
+    default: launch_one<kType, 8, kR, kN>(p, stream); break;
   }
+}
+
+// Two rows per warp whenever the doubled tiles fit (row_pair for one-token launches, row_pair_n
+// for groups of up to 8 tokens), else one row per warp (row_dot).
+template <GgmlType kType>
+void launch_type(const MmvqParams& p, int warps, void* stream) {
+  const bool pair =
+      g_rows_per_warp != 1 && ActLayout(tile_buffer_bytes(2 * warps, p.row_bytes), mmvq_buffers(2),
+                                        static_cast<int>(p.K / kQK8_1), p.max_n)
+                                      .bytes <= 200 * 1024;
+  if (!pair) launch_warps<kType, 1, kMaxGroupRows>(p, warps, stream);
+  else if (p.max_n == 1) launch_warps<kType, 2, 1>(p, warps, stream);
+  else launch_warps<kType, 2, kMaxGroupRows>(p, warps, stream);
 }
 
 void launch(MmvqParams p, GgmlType t, int64_t n_groups, int max_n, int warps, const char* op,
@@ -373,17 +240,8 @@ void launch(MmvqParams p, GgmlType t, int64_t n_groups, int max_n, int warps, co
     mmvq_tc::launch(p, t, g_tc_stages, g_tc_mode, stream);
     return;
   }
-  // One token per group: two rows per warp (row_pair) when the doubled tiles fit.
-  const bool pair = max_n == 1 && ActLayout(tile_buffer_bytes(2 * warps, p.row_bytes),
-                                            mmvq_buffers(2), static_cast<int>(p.K / kQK8_1), 1)
-                                          .bytes <= 200 * 1024;
-  if (t == GgmlType::kQ2K) {
-    if (pair) launch_warps<GgmlType::kQ2K, 2>(p, warps, stream);
-    else launch_warps<GgmlType::kQ2K, 1>(p, warps, stream);
-  } else {
-    if (pair) launch_warps<GgmlType::kQ3K, 2>(p, warps, stream);
-    else launch_warps<GgmlType::kQ3K, 1>(p, warps, stream);
-  }
+  if (t == GgmlType::kQ2K) launch_type<GgmlType::kQ2K>(p, warps, stream);
+  else launch_type<GgmlType::kQ3K>(p, warps, stream);
 }
 
 }  // namespace
@@ -401,6 +259,13 @@ void set_mmvq_engine(MmvqEngine e, int tc_stages, int tc_mode) {
 }
 
 MmvqEngine mmvq_engine() { return g_engine; }
+
+void set_mmvq_rows_per_warp(int r) {
+  if (r != 0 && r != 1)
+    throw InputError("cuda::set_mmvq_rows_per_warp: r must be 0 (two where they fit) or 1, found " +
+                     std::to_string(r));
+  g_rows_per_warp = r;
+}
 
 void set_mmvq_blocks_per_sm(int cap) {
   if (cap < 0)

@@ -47,11 +47,17 @@ __device__ __forceinline__ int64_t live_groups(const MmvqParams& p) {
   return g < p.n_groups ? g : p.n_groups;
 }
 
-// The stored group of logical group `group`.
+// The stored group of logical group `group` (< n_proj G): projections are stepped over rather
+// than divided by the run-time G (a 64-bit division, and every output row calls this).
 __device__ __forceinline__ const MmvqGroup* stored_group(const MmvqParams& p, int64_t group) {
   if (p.dev_count == nullptr) return p.groups + group;
   const int64_t G = __ldg(p.dev_count);
-  return p.groups + (group / G) * p.proj_stride + group % G;
+  const MmvqGroup* base = p.groups;
+  for (int j = 1; j < p.n_proj && group >= G; ++j) {
+    group -= G;
+    base += p.proj_stride;
+  }
+  return base + group;
 }
 
 // A group's matrix base and token count, and its token rows (activation row, output row).

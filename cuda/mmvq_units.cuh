@@ -1,7 +1,8 @@
 // MMVQ unit arithmetic: per q8_1 unit of a Q2_K / Q3_K weight row, the exact integer parts
 // (masked dp4a for the 2-bit quant planes and the Q3_K high bits; dp2a for the scale and min
 // products) and the float part t, from the tile bytes staged in shared memory. Used by
-// cuda/mmvq.cu's row_dot (any token count) and row_pair (one token, two rows per warp).
+// cuda/mmvq_rows.cuh's row_dot (any token count), row_pair (one token, two rows per warp) and
+// row_pair_n (two rows per warp, up to 8 tokens).
 // Contract: docs/numerics.md "mmvq_q2k, mmvq_q3k": integer parts are exact, so they may be
 // computed in any way; t is the contract's float expression, bit for bit (mmvq_unit_q2k /
 // mmvq_unit_q3k of core/portable_math.h, shared with the emulation).
@@ -160,59 +161,95 @@ __device__ __forceinline__ void lds_words_fs(const uint8_t* smem, int wb, int fs
   for (int i = 0; i < N; ++i) out[i] = __funnelshift_r(raw[i], raw[i + 1], fs);
 }
 
-// t of numerics.md for the unit at position u of the block at blk (wb = blk & ~3, fs =
-// 8 (blk & 3)) against one activation unit (quants aq, half sums hs; hs16 = the half sums as
-// two 16-bit halves, low = first). Integer parts exact: masked dp4a as in unit_t; the scale
-// products by dp2a (16-bit p halves times the two scale bytes): |p| <= 8192 and |half sum|
-// <= 2048 fit 16 bits, so A and B are the same integers as sc0 p0 + sc1 p1 and m0 a0 + m1 a1.
+// The weight side of unit u of the block at blk (wb = blk & ~3, fs = 8 (blk & 3)): its quant
+// words masked to its bit pair (Q3_K also the high-bit words masked to its bit), its two
+// sub-blocks' scale bytes ready for dp2a and the f16 factors widened (exact). Decoded once per
+// (row, unit), it feeds every token of a group.
+struct PosWeights {
+  uint32_t q[8], hm[8];
+  int sa;  // Q2_K: the two scales as bytes 0 and 1; Q3_K: the two 6-bit scales plus 32
+  int sb;  // Q2_K: the two mins as bytes 0 and 1
+  float d, dmin;
+};
+
 template <GgmlType kType, bool kAligned4>
-__device__ __forceinline__ float pos_t(const uint8_t* buf, int blk, int wb, int fs,
-                                       const UnitPos& u, const int (&aq)[8], const int2& hs,
-                                       int hs16) {
-  uint32_t q[8];
-  if constexpr (kType == GgmlType::kQ2K && kAligned4) lds_words_aligned<8>(buf, blk + u.q_off, q);
-  else lds_words_fs<8>(buf, wb + u.q_off, fs, q);
+__device__ __forceinline__ PosWeights pos_weights(const uint8_t* buf, int blk, int wb, int fs,
+                                                  const UnitPos& u) {
+  PosWeights w;
+  if constexpr (kType == GgmlType::kQ2K && kAligned4) lds_words_aligned<8>(buf, blk + u.q_off, w.q);
+  else lds_words_fs<8>(buf, wb + u.q_off, fs, w.q);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) w.q[k] &= u.mask;
+  if constexpr (kType == GgmlType::kQ2K) {
+    const int sc = lds_u16(buf, blk + u.sc_off);  // scales[2b], scales[2b + 1]: scale | min << 4
+    w.sa = sc & 0x0F0F;
+    w.sb = (sc >> 4) & 0x0F0F;
+    if constexpr (kAligned4) {
+      const uint32_t dd = *reinterpret_cast<const uint32_t*>(buf + blk + 80);  // d, dmin
+      w.d = f16_arith(static_cast<uint16_t>(dd & 0xFFFF));
+      w.dmin = f16_arith(static_cast<uint16_t>(dd >> 16));
+    } else {
+      w.d = f16_arith(lds_u16(buf, blk + 80));
+      w.dmin = f16_arith(lds_u16(buf, blk + 82));
+    }
+  } else {
+    lds_words_fs<8>(buf, wb, fs, w.hm);
+    const uint32_t hbit = 0x01010101u << u.b;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w.hm[k] &= hbit;
+    const uint32_t lo = static_cast<uint32_t>(lds_u16(buf, blk + u.sc_off)) >> u.sc_sh;
+    const uint32_t hi = static_cast<uint32_t>(lds_u16(buf, blk + u.hi_off)) >> u.hi_sh;
+    w.sa = static_cast<int>((lo & 0x0F0Fu) | ((hi << 4) & 0x3030u));
+    w.sb = 0;
+    w.d = f16_arith(lds_u16(buf, blk + 108));
+    w.dmin = 0.0f;
+  }
+  return w;
+}
+
+// t of numerics.md for a decoded weight unit against one activation unit (quants aq, half sums
+// hs; hs16 = the half sums as two 16-bit halves, low = first). Integer parts exact: masked dp4a
+// as in unit_t; the scale products by dp2a (16-bit p halves times the two scale bytes): |p| <=
+// 8192 and |half sum| <= 2048 fit 16 bits, so A and B are the same integers as sc0 p0 + sc1 p1
+// and m0 a0 + m1 a1.
+template <GgmlType kType>
+__device__ __forceinline__ float pos_dot(const PosWeights& w, const UnitPos& u, const int (&aq)[8],
+                                         const int2& hs, int hs16) {
   int p0 = 0, p1 = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    p0 = dp4a_us(q[k] & u.mask, aq[k], p0);
-    p1 = dp4a_us(q[k + 4] & u.mask, aq[k + 4], p1);
+    p0 = dp4a_us(w.q[k], aq[k], p0);
+    p1 = dp4a_us(w.q[k + 4], aq[k + 4], p1);
   }
   p0 >>= u.sh;
   p1 >>= u.sh;
   if constexpr (kType == GgmlType::kQ2K) {
-    const int sc = lds_u16(buf, blk + u.sc_off);  // scales[2b], scales[2b + 1]: scale | min << 4
-    const int A = __dp2a_lo(static_cast<int>(__byte_perm(p0, p1, 0x5410)), sc & 0x0F0F, 0);
-    const int B = __dp2a_lo(hs16, (sc >> 4) & 0x0F0F, 0);
-    float d, dmin;
-    if constexpr (kAligned4) {
-      const uint32_t dd = *reinterpret_cast<const uint32_t*>(buf + blk + 80);  // d, dmin
-      d = f16_arith(static_cast<uint16_t>(dd & 0xFFFF));
-      dmin = f16_arith(static_cast<uint16_t>(dd >> 16));
-    } else {
-      d = f16_arith(lds_u16(buf, blk + 80));
-      dmin = f16_arith(lds_u16(buf, blk + 82));
-    }
-    return mmvq_unit_q2k(d, dmin, A, B);
+    const int A = __dp2a_lo(static_cast<int>(__byte_perm(p0, p1, 0x5410)), w.sa, 0);
+    const int B = __dp2a_lo(hs16, w.sb, 0);
+    return mmvq_unit_q2k(w.d, w.dmin, A, B);
   } else {
-    uint32_t hm[8];
-    lds_words_fs<8>(buf, wb, fs, hm);
-    const uint32_t hbit = 0x01010101u << u.b;
     int h0 = 0, h1 = 0;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      h0 = dp4a_us(hm[k] & hbit, aq[k], h0);
-      h1 = dp4a_us(hm[k + 4] & hbit, aq[k + 4], h1);
+      h0 = dp4a_us(w.hm[k], aq[k], h0);
+      h1 = dp4a_us(w.hm[k + 4], aq[k + 4], h1);
     }
     p0 += 4 * ((h0 >> u.b) - hs.x);  // quant = low - 4 + 4 high
     p1 += 4 * ((h1 >> u.b) - hs.y);
     // The two 6-bit scales plus 32 as bytes 0 and 1: A = sum (s + 32) p - 32 (p0 + p1).
-    const uint32_t lo = static_cast<uint32_t>(lds_u16(buf, blk + u.sc_off)) >> u.sc_sh;
-    const uint32_t hi = static_cast<uint32_t>(lds_u16(buf, blk + u.hi_off)) >> u.hi_sh;
-    const int s = static_cast<int>((lo & 0x0F0Fu) | ((hi << 4) & 0x3030u));
-    const int A = __dp2a_lo(static_cast<int>(__byte_perm(p0, p1, 0x5410)), s, 0) - 32 * (p0 + p1);
-    return mmvq_unit_q3k(f16_arith(lds_u16(buf, blk + 108)), A);
+    const int A =
+        __dp2a_lo(static_cast<int>(__byte_perm(p0, p1, 0x5410)), w.sa, 0) - 32 * (p0 + p1);
+    return mmvq_unit_q3k(w.d, A);
   }
+}
+
+// t of the unit at position u of the block at blk against one activation unit: pos_dot of
+// pos_weights.
+template <GgmlType kType, bool kAligned4>
+__device__ __forceinline__ float pos_t(const uint8_t* buf, int blk, int wb, int fs,
+                                       const UnitPos& u, const int (&aq)[8], const int2& hs,
+                                       int hs16) {
+  return pos_dot<kType>(pos_weights<kType, kAligned4>(buf, blk, wb, fs, u), u, aq, hs, hs16);
 }
 
 }  // namespace moecheck::cuda::mmvq_units

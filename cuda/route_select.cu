@@ -1,10 +1,9 @@
-// The device route: route_select (one warp per token: scores with core/score_math.h, keys with
-// the token's bias, the NaN rule, top-k by repeated warp argmax with ties to the lower id, the
-// weights, the slot lookups and the header's status and error locations) and route_plan (one
-// block, a parallel scan over the experts: the layer plan of core/layer_plan.h built from the
-// header, in the device plan layout of core/route_header.h, with the slot pointers the MMVQ
-// launches read). Contract: docs/numerics.md "route_select"; twins: emu::route_select and
-// build_layer_plan.
+// The device route's selection: route_select (one block per token: scores with
+// core/score_math.h, keys with the token's bias, the NaN rule, top-k by repeated warp argmax with
+// ties to the lower id, the weights, the slot lookups and the header's status and error
+// locations) and, for one token, route_select_plan_one (the same launch also writes the device
+// plan). The plan for any T: cuda/route_plan.cu. Contract: docs/numerics.md "route_select";
+// twins: emu::route_select and build_layer_plan.
 #include <string>
 
 #include "core/error.h"
@@ -17,9 +16,6 @@
 
 namespace moecheck::cuda {
 namespace {
-
-constexpr int kPlanThreads = 512;
-constexpr int64_t kMaxRouteExperts = 2048;  // route_plan's shared memory: 16 bytes per expert
 
 __device__ __forceinline__ bool is_nan(float v) { return v != v; }
 
@@ -124,55 +120,70 @@ __device__ int nan_expert(const float* z, const float* b, const float* key, int 
   return first_in < n ? first_in : first_key;
 }
 
-// Thread 0: the weights in pick order (sum, + 1e-20, quotient, route_scale), the slot lookups and
-// the header words of token t.
-__device__ void write_token(const SelectArgs& a, int64_t t, const int* ids, const float* s) {
-  const int64_t k = a.rp.topk;
+// Warp 0: the weights in pick order (the sum on lane 0 in pick order, + 1e-20, then each
+// quotient and route_scale), the slot lookups and the header words of token t, lane l taking
+// picks l, l + 32 (the slot loads of all picks in flight at once). The weights and slots also
+// land in w_out / slot_out [k] for one_token_plan.
+__device__ void write_token(const SelectArgs& a, int64_t t, const int* ids, const float* s,
+                            float* w_out, int32_t* slot_out) {
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  const int k = static_cast<int>(a.rp.topk);
   const RouteHeaderLayout L{a.T, k};
-  float w[64];
-  for (int64_t j = 0; j < k; ++j) w[j] = s[ids[j]];
-  if (a.rp.norm_topk_prob && k > 1) {
-    float sum = 0.0f;
-    for (int64_t j = 0; j < k; ++j) sum = add_rn(sum, w[j]);
+  const bool norm = a.rp.norm_topk_prob && k > 1;
+  float sum = 0.0f;
+  if (norm && lane == 0) {
+    for (int j = 0; j < k; ++j) sum = add_rn(sum, s[ids[j]]);
     sum = add_rn(sum, 1e-20f);
-    for (int64_t j = 0; j < k; ++j) w[j] = div_rn(w[j], sum);
   }
-  for (int64_t j = 0; j < k; ++j) {
-    w[j] = mul_rn(w[j], a.rp.route_scale);
+  sum = __shfl_sync(0xFFFFFFFFu, sum, 0);
+  for (int j = lane; j < k; j += kWarpSize) {
+    float w = s[ids[j]];
+    if (norm) w = div_rn(w, sum);
+    w = mul_rn(w, a.rp.route_scale);
     const int32_t slot = a.slots[ids[j]];
     a.hdr[RouteHeaderLayout::kPicks + t * k + j] = ids[j];
-    a.hdr[L.weights() + t * k + j] = static_cast<int32_t>(__float_as_uint(w[j]));
+    a.hdr[L.weights() + t * k + j] = static_cast<int32_t>(__float_as_uint(w));
     a.hdr[L.slots() + t * k + j] = slot;
     if (slot < 0) {
       atomicOr(&a.hdr[RouteHeaderLayout::kStatus], kRouteMiss);
       atomicMin(reinterpret_cast<unsigned long long*>(a.hdr + RouteHeaderLayout::kMissLoc),
                 location(t, ids[j]));
     }
+    w_out[j] = w;
+    slot_out[j] = slot;
   }
+  __syncwarp();
 }
 
-// One token's plan written by the selecting block itself (route_select_plan_one): the content
+// One token's plan written by the selecting warp itself (route_select_plan_one): the content
 // route_plan gives for T = 1 (each pick its own group of one row, in ascending expert id),
-// scratch included. A nonzero status: zero rows and weights, counts 0 (as route_plan).
-__device__ void one_token_plan(const SelectArgs& a, const int* ids) {
+// scratch included; lane l writes picks l, l + 32. A nonzero status: zero rows and weights,
+// counts 0 (as route_plan). w / slot: the picks' weights and slots from write_token.
+__device__ void one_token_plan(const SelectArgs& a, const int* ids, const float* w,
+                               const int32_t* slot) {
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
   const int k = static_cast<int>(a.rp.topk), P = k, U = k;
   const DevicePlanLayout D(1, k);
-  const RouteHeaderLayout L{1, k};
   auto* groups = reinterpret_cast<MmvqGroup*>(a.plan + D.groups);
   auto* rows = reinterpret_cast<int32_t*>(a.plan + D.rows);
   auto* weights = reinterpret_cast<float*>(a.plan + D.weights);
   auto* counts = reinterpret_cast<int32_t*>(a.plan + D.counts);
   auto* pick_pair = reinterpret_cast<int32_t*>(a.plan + D.scratch);
   const auto** sp = reinterpret_cast<const uint8_t**>(a.plan + D.slots);
-  if (a.hdr[RouteHeaderLayout::kStatus] != 0) {
-    for (int i = 0; i < P; ++i) {
+  // The status after every lane's atomics (the warp synchronised in write_token or the NaN
+  // path), read by an atomic so that no stale cached copy is seen.
+  int status = 0;
+  if (lane == 0) status = atomicOr(&a.hdr[RouteHeaderLayout::kStatus], 0);
+  status = __shfl_sync(0xFFFFFFFFu, status, 0);
+  if (status != 0) {
+    for (int i = lane; i < P; i += kWarpSize) {
       rows[i] = 0;
       weights[i] = 0.0f;
     }
-    counts[0] = counts[1] = counts[2] = counts[3] = 0;
+    if (lane == 0) counts[0] = counts[1] = counts[2] = counts[3] = 0;
     return;
   }
-  for (int j = 0; j < k; ++j) {  // pick j is the r-th smallest id: pair row, group r
+  for (int j = lane; j < k; j += kWarpSize) {  // pick j is the r-th smallest id: pair row, group r
     int r = 0;
     for (int q = 0; q < k; ++q) r += ids[q] < ids[j];
     pick_pair[j] = r;
@@ -188,17 +199,18 @@ __device__ void one_token_plan(const SelectArgs& a, const int* ids) {
     g.a_row[0] = r;
     g.y_row[0] = r;
     groups[2 * P + r] = g;
-    const int32_t slot = a.slots[ids[j]];
-    sp[r] = a.slot_gate[slot];
-    sp[U + r] = a.slot_up[slot];
-    sp[2 * U + r] = a.slot_down[slot];
+    sp[r] = a.slot_gate[slot[j]];
+    sp[U + r] = a.slot_up[slot[j]];
+    sp[2 * U + r] = a.slot_down[slot[j]];
     rows[r] = r;
-    weights[r] = __int_as_float(a.hdr[L.weights() + j]);
+    weights[r] = w[j];
   }
-  counts[0] = 2 * k;
-  counts[1] = k;
-  counts[2] = k;
-  counts[3] = a.rp.mmvq_max_rows >= 1 ? k : 0;  // one pair per expert: all MMVQ or all MMQ
+  if (lane == 0) {
+    counts[0] = 2 * k;
+    counts[1] = k;
+    counts[2] = k;
+    counts[3] = a.rp.mmvq_max_rows >= 1 ? k : 0;  // one pair per expert: all MMVQ or all MMQ
+  }
 }
 
 // Block t routes token t (blockDim: one or two experts per thread). Shared memory: scores, keys
@@ -220,6 +232,8 @@ __global__ void __launch_bounds__(1024) route_select_kernel(SelectArgs a) {
   const int bad = nan_expert(z, b, key, n);
   if (threadIdx.x >= kWarpSize) return;
   __shared__ int ids[64];
+  __shared__ float w_sh[64];
+  __shared__ int32_t slot_sh[64];
   if (bad < n) {
     if (lane == 0) {
       const RouteHeaderLayout L{a.T, k};
@@ -231,8 +245,9 @@ __global__ void __launch_bounds__(1024) route_select_kernel(SelectArgs a) {
         a.hdr[L.weights() + t * k + j] = 0;
         a.hdr[L.slots() + t * k + j] = -1;
       }
-      if (a.plan != nullptr) one_token_plan(a, ids);
     }
+    __syncwarp();
+    if (a.plan != nullptr) one_token_plan(a, ids, w_sh, slot_sh);  // the zero plan
     return;
   }
   unsigned long long picked = 0;
@@ -249,173 +264,8 @@ __global__ void __launch_bounds__(1024) route_select_kernel(SelectArgs a) {
     if (bi % kWarpSize == lane) picked |= 1ull << (bi / kWarpSize);
   }
   __syncwarp();
-  if (lane == 0) {
-    write_token(a, t, ids, s);
-    if (a.plan != nullptr) one_token_plan(a, ids);
-  }
-}
-
-struct PlanArgs {
-  const int32_t* hdr;
-  int64_t T, n, k;
-  int mmvq_max_rows;
-  const int32_t* slots;
-  const uint8_t* const* slot_gate;
-  const uint8_t* const* slot_up;
-  const uint8_t* const* slot_down;
-  uint8_t* plan;
-};
-
-// Expert e's pairs (tokens ascending) into its groups: gate at gfirst, up at P + gfirst, down at
-// 2P + gfirst, chunks of kMaxGroupRows; pick_pair[i] = the pair row of pick i.
-__device__ void expert_groups(const PlanArgs& a, int e, int cnt, int first, int u, int U,
-                              int gfirst, MmvqGroup* groups, int32_t* pick_pair) {
-  const int64_t P = a.T * a.k;
-  const int32_t* picks = a.hdr + RouteHeaderLayout::kPicks;
-  int r = 0;
-  for (int64_t i = 0; i < P && r < cnt; ++i) {
-    if (picks[i] != e) continue;
-    const int32_t t = static_cast<int32_t>(i / a.k), pp = first + r;
-    pick_pair[i] = pp;
-    const int g = gfirst + r / kMaxGroupRows, ii = r % kMaxGroupRows;
-    groups[g].a_row[ii] = t;
-    groups[g].y_row[ii] = pp;
-    groups[P + g].a_row[ii] = t;
-    groups[P + g].y_row[ii] = static_cast<int32_t>(P) + pp;
-    groups[2 * P + g].a_row[ii] = pp;
-    groups[2 * P + g].y_row[ii] = pp;
-    ++r;
-  }
-  for (int c = 0; c * kMaxGroupRows < cnt; ++c) {
-    const int g = gfirst + c;
-    const int nn =
-        cnt - c * kMaxGroupRows < kMaxGroupRows ? cnt - c * kMaxGroupRows : kMaxGroupRows;
-    for (int ii = nn; ii < kMaxGroupRows; ++ii)
-      for (int64_t j = 0; j < 3; ++j) groups[j * P + g].a_row[ii] = groups[j * P + g].y_row[ii] = 0;
-    groups[g].slot = u;
-    groups[P + g].slot = U + u;
-    groups[2 * P + g].slot = 2 * U + u;
-    groups[g].n = groups[P + g].n = groups[2 * P + g].n = nn;
-  }
-  const auto** sp = reinterpret_cast<const uint8_t**>(a.plan);
-  const int32_t slot = a.slots[e];
-  sp[u] = a.slot_gate[slot];
-  sp[U + u] = a.slot_up[slot];
-  sp[2 * U + u] = a.slot_down[slot];
-}
-
-// Token t's pair rows and weights in ascending expert id (core/layer_plan.cpp
-// make_accumulation).
-__device__ void token_accumulation(const PlanArgs& a, int64_t t, const int32_t* pick_pair,
-                                   int32_t* rows, float* weights) {
-  const int64_t k = a.k;
-  const RouteHeaderLayout L{a.T, k};
-  const int32_t* picks = a.hdr + RouteHeaderLayout::kPicks + t * k;
-  for (int64_t r = 0; r < k; ++r) {  // the r-th smallest expert id of the token (ids distinct)
-    int64_t j_min = -1;
-    for (int64_t j = 0; j < k; ++j) {
-      int64_t rank = 0;
-      for (int64_t q = 0; q < k; ++q) rank += picks[q] < picks[j];
-      if (rank == r) j_min = j;
-    }
-    rows[t * k + r] = pick_pair[t * k + j_min];
-    weights[t * k + r] = __int_as_float(a.hdr[L.weights() + t * k + j_min]);
-  }
-}
-
-// Groups of an expert with cnt pairs: one MMVQ group (cnt <= mmvq_max_rows) or its MMQ groups.
-__device__ __forceinline__ int4 expert_counts(int cnt, int mmvq_max_rows) {
-  const int small = cnt > 0 && cnt <= mmvq_max_rows ? 1 : 0;
-  return make_int4(cnt, cnt > 0 ? 1 : 0, small,
-                   small ? 0 : (cnt + kMaxGroupRows - 1) / kMaxGroupRows);
-}
-
-__device__ __forceinline__ int4 add4(int4 a, int4 b) {
-  return make_int4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-}
-
-// Pair rows and groups in ascending expert id: each thread takes a contiguous run of experts,
-// the block scans the runs' (pairs, used experts, MMVQ groups, MMQ groups) exclusively
-// (integers: exact), then each thread writes its run's first pair row, used-expert index and
-// first group (MMVQ groups first, then MMQ groups: core/layer_plan.h). Thread blockDim - 1
-// writes the totals: counts {2G, G, U, Gs} and *U_out. Ends synchronised.
-__device__ void scan_experts(int n, int mmvq_max_rows, const int* cnt, int* first, int* uidx,
-                             int* gfirst, int32_t* counts, int* U_out) {
-  __shared__ int4 warp_sum[kPlanThreads / kWarpSize];
-  const int per = (n + kPlanThreads - 1) / kPlanThreads;
-  const int e0 = static_cast<int>(threadIdx.x) * per, e1 = min(e0 + per, n);
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  int4 v = make_int4(0, 0, 0, 0);
-  for (int e = e0; e < e1; ++e) v = add4(v, expert_counts(cnt[e], mmvq_max_rows));
-  int4 inc = v;  // inclusive scan over the warp
-  for (int o = 1; o < kWarpSize; o *= 2) {
-    const int4 u =
-        make_int4(__shfl_up_sync(0xFFFFFFFFu, inc.x, o), __shfl_up_sync(0xFFFFFFFFu, inc.y, o),
-                  __shfl_up_sync(0xFFFFFFFFu, inc.z, o), __shfl_up_sync(0xFFFFFFFFu, inc.w, o));
-    if (lane >= o) inc = add4(inc, u);
-  }
-  if (lane == kWarpSize - 1) warp_sum[warp] = inc;
-  __syncthreads();
-  int4 base = make_int4(inc.x - v.x, inc.y - v.y, inc.z - v.z, inc.w - v.w);
-  int gs = 0;  // the MMVQ groups of all experts
-  for (int w = 0; w < kPlanThreads / kWarpSize; ++w) {
-    if (w < warp) base = add4(base, warp_sum[w]);
-    gs += warp_sum[w].z;
-  }
-  for (int e = e0; e < e1; ++e) {
-    const int4 c = expert_counts(cnt[e], mmvq_max_rows);
-    first[e] = base.x;
-    uidx[e] = cnt[e] > 0 ? base.y : -1;
-    gfirst[e] = c.z != 0 ? base.z : gs + base.w;
-    base = add4(base, c);
-  }
-  if (threadIdx.x == kPlanThreads - 1) {
-    counts[0] = 2 * (base.z + base.w);
-    counts[1] = base.z + base.w;
-    counts[2] = base.y;
-    counts[3] = base.z;
-    *U_out = base.y;
-  }
-  __syncthreads();
-}
-
-// One block. Shared memory: cnt, first, uidx, gfirst [n] i32.
-__global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(PlanArgs a) {
-  extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ int U_sh;
-  const int n = static_cast<int>(a.n);
-  const int64_t P = a.T * a.k;
-  const DevicePlanLayout D(a.T, a.k);
-  auto* groups = reinterpret_cast<MmvqGroup*>(a.plan + D.groups);
-  auto* rows = reinterpret_cast<int32_t*>(a.plan + D.rows);
-  auto* weights = reinterpret_cast<float*>(a.plan + D.weights);
-  auto* counts = reinterpret_cast<int32_t*>(a.plan + D.counts);
-  auto* pick_pair = reinterpret_cast<int32_t*>(a.plan + D.scratch);
-  if (a.hdr[RouteHeaderLayout::kStatus] != 0) {  // no valid routing: compute nothing
-    for (int64_t i = threadIdx.x; i < P; i += blockDim.x) {
-      rows[i] = 0;
-      weights[i] = 0.0f;
-    }
-    if (threadIdx.x == 0) counts[0] = counts[1] = counts[2] = counts[3] = 0;
-    return;
-  }
-  int* cnt = reinterpret_cast<int*>(smem);
-  int* first = cnt + n;
-  int* uidx = first + n;
-  int* gfirst = uidx + n;
-  for (int e = threadIdx.x; e < n; e += blockDim.x) cnt[e] = 0;
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < P; i += blockDim.x)
-    atomicAdd(&cnt[a.hdr[RouteHeaderLayout::kPicks + i]], 1);
-  __syncthreads();
-  scan_experts(n, a.mmvq_max_rows, cnt, first, uidx, gfirst, counts, &U_sh);
-  for (int e = threadIdx.x; e < n; e += blockDim.x)
-    if (cnt[e] > 0)
-      expert_groups(a, e, cnt[e], first[e], uidx[e], U_sh, gfirst[e], groups, pick_pair);
-  __syncthreads();
-  for (int64_t t = threadIdx.x; t < a.T; t += blockDim.x)
-    token_accumulation(a, t, pick_pair, rows, weights);
+  write_token(a, t, ids, s, w_sh, slot_sh);
+  if (a.plan != nullptr) one_token_plan(a, ids, w_sh, slot_sh);
 }
 
 void check_select(int64_t T, const RouteParams& rp) {
@@ -467,24 +317,6 @@ void route_select_plan_one(const float* logits, const float* bias, const float* 
   a.slot_down = slot_down;
   a.plan = plan;
   launch_select(a, stream);
-}
-
-void route_plan(const int32_t* hdr, int64_t T, const RouteParams& rp, const int32_t* slots,
-                const uint8_t* const* slot_gate, const uint8_t* const* slot_up,
-                const uint8_t* const* slot_down, uint8_t* plan, void* stream) {
-  if (T <= 0) return;
-  if (rp.n_routed < 1 || rp.n_routed > kMaxRouteExperts || rp.topk < 1 || rp.topk > 64)
-    throw InputError("cuda::route_plan: need 1 <= n_routed <= 2048 and 1 <= topk <= 64, found " +
-                     std::to_string(rp.n_routed) + ", " + std::to_string(rp.topk));
-  require_aligned(plan, 16, "route_plan", "plan");
-  if (rp.mmvq_max_rows < 0 || rp.mmvq_max_rows > kMaxGroupRows)
-    throw InputError("cuda::route_plan: mmvq_max_rows must be in [0, 8], found " +
-                     std::to_string(rp.mmvq_max_rows));
-  const PlanArgs a{hdr,   T,         rp.n_routed, rp.topk,   rp.mmvq_max_rows,
-                   slots, slot_gate, slot_up,     slot_down, plan};
-  const size_t smem = static_cast<size_t>(rp.n_routed) * 16;
-  route_plan_kernel<<<1, kPlanThreads, smem, as_stream(stream)>>>(a);
-  MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace moecheck::cuda

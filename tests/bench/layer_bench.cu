@@ -130,9 +130,27 @@ double router_us(const LayerWeights& w) {
 
 }  // namespace
 
-// `layer_bench graph` times only the one-token device-resident graph (for profilers).
+// `layer_bench graph` times only the one-token device-resident graph (for profilers);
+// `layer_bench profile T` runs three device-route forwards of T tokens after checking the first
+// against the emulation, and times nothing (for a kernel profiler's per-launch durations).
+static int profile_forwards(const LayerWeights& w, int64_t T) {
+  cuda::LayerOptions lo;
+  lo.route = RoutePlace::kDevice;
+  cuda::MoeLayer layer(w, lo);
+  emu::LayerOptions eo;
+  eo.router = lo.router;
+  eo.expert_warps = lo.expert_warps;
+  const auto x = generate_input(1000, T, w.config.dim);
+  bench::require_emu_bits("layer output (profile, T=" + std::to_string(T) + ")",
+                          layer.forward(x.data(), T), emu::MoeLayer(w, eo).forward(x.data(), T));
+  for (int i = 0; i < 3; ++i) layer.forward(x.data(), T);
+  std::printf("profile: 3 device-route forwards of T = %lld done\n", static_cast<long long>(T));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const bool graph_only = argc > 1 && std::string(argv[1]) == "graph";
+  const bool profile = argc > 2 && std::string(argv[1]) == "profile";
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a failed check's exit(1) keeps every line printed
   const double copy = bench::copy_bandwidth_gbs();
   std::printf("GPU: %s\ndevice-to-device copy: %.0f GB/s (read + write, 1 GiB, median of 25)\n",
@@ -143,6 +161,7 @@ int main(int argc, char** argv) {
   std::printf("generated ds41 layer 0 (fast blocks) in %.1f s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   const MoeConfig& c = w.config;
+  if (profile) return profile_forwards(w, std::stoll(argv[2]));
 
   struct Variant {
     std::string name;
@@ -224,6 +243,13 @@ int main(int argc, char** argv) {
       }
       cuda::set_mmvq_blocks_per_sm(0);
       gres.push_back(time_graph(w, lo, 8, copy, "device route, one graph, T=8"));
+      // Before two rows per warp reached groups of several tokens: one row per warp for every
+      // launch whose groups may hold more than one token (all of them at T = 8).
+      cuda::set_mmvq_rows_per_warp(1);
+      gres.push_back(time_graph(w, lo, 8, copy,
+                                "device route, one graph, T=8, MMVQ one row per warp (before)"));
+      cuda::set_mmvq_rows_per_warp(0);
+      gres.push_back(time_graph(w, lo, 4, copy, "device route, one graph, T=4"));
       lo.shared_side_stream = false;
       gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph, no side stream"));
     }

@@ -1,10 +1,13 @@
 // MMQ against MMVQ on the same groups, at the ds41 expert shapes: E experts, each with n token
 // rows (groups of 8 consecutive rows, the last ragged), gate+up (2E x [2304, 5120] Q2_K, one
-// launch) and down (E x [5120, 2304] Q3_K), for n = 9, 16, 32, 64 and 128. Both kernels are
-// first checked bit for bit against the emulation (emu::mmvq_groups) on the same bytes (exit 1
-// if not). Each figure: weight bytes (every expert's once) / kernel time, beside the
-// device-to-device copy bandwidth measured first in this process, and the integer MACs per
-// second. Weights rotate among sets larger than L2 between launches; launches replayed from a
+// launch) and down (E x [5120, 2304] Q3_K), for n = 1, 2, 4, 8, 9, 16, 32, 64 and 128. MMVQ
+// twice: the default (two rows per warp) and one row per warp (cuda::set_mmvq_rows_per_warp(1),
+// the kernel every group of more than one token took before row_pair_n: the before / after of
+// one process), and at n = 1 also launched as one-token groups (max_n = 1, the host route's
+// form). Every kernel is first checked bit for bit against the emulation (emu::mmvq_groups) on
+// the same bytes (exit 1 if not). Each figure: weight bytes (every expert's once) / kernel time,
+// beside the device-to-device copy bandwidth measured first in this process, and the integer MACs
+// per second. Weights rotate among sets larger than L2 between launches; launches replayed from a
 // CUDA graph. Markdown table last.
 #include <cuda_runtime.h>
 
@@ -101,7 +104,7 @@ int main() {
   MOECHECK_CUDA_CHECK(cudaMalloc(&d_groups, 4 * kExperts * kMaxRows * sizeof(MmvqGroup)));
 
   std::vector<Row> rows;
-  for (int64_t n : {9, 16, 32, 64, 128}) {
+  for (int64_t n : {1, 2, 4, 8, 9, 16, 32, 64, 128}) {
     const Groups gr = make_groups(n);
     const int64_t G = gr.G;
     std::vector<MmvqGroup> all = gr.gu;
@@ -110,8 +113,8 @@ int main() {
         cudaMemcpy(d_groups, all.data(), all.size() * sizeof(MmvqGroup), cudaMemcpyHostToDevice));
     const MmvqGroup* dgu = d_groups;
     const MmvqGroup* ddn = d_groups + 2 * G;
-    // Validation on set 0 (n = 9 and 64: ragged and full groups).
-    if (n == 9 || n == 64) {
+    // Validation on set 0 (n = 2, 9 and 64: small, ragged and full groups).
+    if (n == 2 || n == 9 || n == 64) {
       const auto w = bench::to_host<uint8_t>(pool, set_bytes);
       std::vector<const uint8_t*> hs;
       for (int64_t e = 0; e < 3 * kExperts; ++e) hs.push_back(w.data() + (tab[e] - pool));
@@ -124,21 +127,26 @@ int main() {
                        kInter, kDim);
       emu::mmvq_groups(GgmlType::kQ3K, hs.data(), gr.down.data(), G, hh.data(), want_d.data(), kDim,
                        kInter);
-      for (int k = 0; k < 2; ++k) {
-        const std::string tag = (k == 0 ? " mmvq n=" : " mmq n=") + std::to_string(n);
+      for (int k = 0; k < 3; ++k) {
+        const std::string tag = (k == 0   ? " mmvq n="
+                                 : k == 1 ? " mmq n="
+                                          : " mmvq one row per warp n=") +
+                                std::to_string(n);
+        cuda::set_mmvq_rows_per_warp(k == 2 ? 1 : 0);
         MOECHECK_CUDA_CHECK(cudaMemset(y, 0, want_gu.size() * sizeof(float)));
-        if (k == 0) {
+        if (k != 1) {
           cuda::mmvq_groups(GgmlType::kQ2K, d_tab, dgu, 2 * G, 8, xq, y, kInter, kDim, 8, s);
         } else {
           cuda::mmq_groups(GgmlType::kQ2K, d_tab, dgu, G, 2, G, xq, y, kInter, kDim, s);
         }
         MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
         bench::require_emu_bits("gate+up Q2_K" + tag, y, want_gu);
-        if (k == 0) cuda::mmvq_groups(GgmlType::kQ3K, d_tab, ddn, G, 8, hq, y, kDim, kInter, 8, s);
+        if (k != 1) cuda::mmvq_groups(GgmlType::kQ3K, d_tab, ddn, G, 8, hq, y, kDim, kInter, 8, s);
         else cuda::mmq_groups(GgmlType::kQ3K, d_tab, ddn, G, 1, G, hq, y, kDim, kInter, s);
         MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
         bench::require_emu_bits("down Q3_K" + tag, y, want_d);
       }
+      cuda::set_mmvq_rows_per_warp(0);
     }
     auto table = [&](int i) { return d_tab + (i % kSets) * 3 * kExperts; };
     const int reps = 2 * kSets;
@@ -147,14 +155,33 @@ int main() {
     auto add = [&](const std::string& what, double us, double bytes, double mac) {
       rows.push_back({what, n, us, bytes / us * 1e-3, bytes / us * 1e-3 / copy, mac / us * 1e-6});
     };
-    add("gate+up Q2_K, MMVQ (dp4a, 8 warps)",
-        graph_us(
-            [&](int i, cudaStream_t st) {
-              cuda::mmvq_groups(GgmlType::kQ2K, table(i), dgu, 2 * G, 8, xq, y, kInter, kDim, 8,
-                                st);
-            },
-            reps, s, 2, 10),
-        gu_bytes, 2 * macs);
+    // MMVQ: rpw 0 (the default) and 1 (one row per warp); max_n 8 as the device route launches,
+    // and 1 where every group holds one token.
+    auto mmvq_gu = [&](int rpw, int max_n) {
+      cuda::set_mmvq_rows_per_warp(rpw);
+      const double us = graph_us(
+          [&](int i, cudaStream_t st) {
+            cuda::mmvq_groups(GgmlType::kQ2K, table(i), dgu, 2 * G, max_n, xq, y, kInter, kDim, 8,
+                              st);
+          },
+          reps, s, 2, 10);
+      cuda::set_mmvq_rows_per_warp(0);
+      return us;
+    };
+    auto mmvq_dn = [&](int rpw, int max_n) {
+      cuda::set_mmvq_rows_per_warp(rpw);
+      const double us = graph_us(
+          [&](int i, cudaStream_t st) {
+            cuda::mmvq_groups(GgmlType::kQ3K, table(i), ddn, G, max_n, hq, y, kDim, kInter, 8, st);
+          },
+          reps, s, 2, 10);
+      cuda::set_mmvq_rows_per_warp(0);
+      return us;
+    };
+    add("gate+up Q2_K, MMVQ (dp4a, 8 warps)", mmvq_gu(0, 8), gu_bytes, 2 * macs);
+    add("gate+up Q2_K, MMVQ one row per warp (before)", mmvq_gu(1, 8), gu_bytes, 2 * macs);
+    if (n == 1)
+      add("gate+up Q2_K, MMVQ one-token launch (max_n 1)", mmvq_gu(0, 1), gu_bytes, 2 * macs);
     add("gate+up Q2_K, MMQ",
         graph_us(
             [&](int i, cudaStream_t st) {
@@ -162,13 +189,9 @@ int main() {
             },
             reps, s, 2, 10),
         gu_bytes, 2 * macs);
-    add("down Q3_K, MMVQ (dp4a, 8 warps)",
-        graph_us(
-            [&](int i, cudaStream_t st) {
-              cuda::mmvq_groups(GgmlType::kQ3K, table(i), ddn, G, 8, hq, y, kDim, kInter, 8, st);
-            },
-            reps, s, 2, 10),
-        d_bytes, macs);
+    add("down Q3_K, MMVQ (dp4a, 8 warps)", mmvq_dn(0, 8), d_bytes, macs);
+    add("down Q3_K, MMVQ one row per warp (before)", mmvq_dn(1, 8), d_bytes, macs);
+    if (n == 1) add("down Q3_K, MMVQ one-token launch (max_n 1)", mmvq_dn(0, 1), d_bytes, macs);
     add("down Q3_K, MMQ",
         graph_us(
             [&](int i, cudaStream_t st) {

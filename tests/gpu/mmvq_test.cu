@@ -35,7 +35,10 @@ class MmvqTest : public ::testing::TestWithParam<std::tuple<GgmlType, int, int>>
     cuda::set_mmvq_engine(e == 0 ? cuda::MmvqEngine::kDp4a : cuda::MmvqEngine::kTensorCore, e % 10,
                           e / 10);
   }
-  void TearDown() override { cuda::set_mmvq_engine(cuda::MmvqEngine::kDp4a); }
+  void TearDown() override {
+    cuda::set_mmvq_engine(cuda::MmvqEngine::kDp4a);
+    cuda::set_mmvq_rows_per_warp(0);
+  }
 };
 
 TEST_P(MmvqTest, PlainEqualsEmu_100Seeds) {
@@ -61,9 +64,13 @@ TEST_P(MmvqTest, PlainEqualsEmu_100Seeds) {
         gputest::repro(seed, "K=" + std::to_string(K) + " rows=" + std::to_string(rows) +
                                  " T=" + std::to_string(T));
     ASSERT_TRUE(same_f32("mmvq", first, want, rows, r));
+    // The second run through the one-row-per-warp kernel (the fallback where two rows' tiles do
+    // not fit): the same bits.
     dy.poison();
+    cuda::set_mmvq_rows_per_warp(1);
     cuda::mmvq(type, dw.p, da.get(), dy.get(), rows, K, T, warps, nullptr);
-    ASSERT_TRUE(same_f32("mmvq (second run)", dy.host(), first, rows, r));
+    cuda::set_mmvq_rows_per_warp(0);
+    ASSERT_TRUE(same_f32("mmvq (second run, one row per warp)", dy.host(), first, rows, r));
   }
 }
 
@@ -156,6 +163,13 @@ TEST_P(MmvqTest, GroupsEqualsEmu_100Seeds) {
     cuda::mmvq_groups(type, dtab.get(), dg.get(), static_cast<int64_t>(groups.size()), max_n,
                       da.get(), dy.get(), rows, K, warps, nullptr);
     ASSERT_TRUE(same_f32("mmvq_groups", dy.host(), want, rows, gputest::repro(seed)));
+    dy.poison();
+    cuda::set_mmvq_rows_per_warp(1);
+    cuda::mmvq_groups(type, dtab.get(), dg.get(), static_cast<int64_t>(groups.size()), max_n,
+                      da.get(), dy.get(), rows, K, warps, nullptr);
+    cuda::set_mmvq_rows_per_warp(0);
+    ASSERT_TRUE(
+        same_f32("mmvq_groups (one row per warp)", dy.host(), want, rows, gputest::repro(seed)));
   }
 }
 
