@@ -136,9 +136,8 @@ __device__ __forceinline__ void row_pair(const MmvqParams& p, const uint8_t* sme
     const int wb1 = ((blk + rb) & ~3) - wb;
     for (int g = lane; g < split; g += kWarpSize, blk += kStep, wb += kStep) {
       const uint4 x0 = act_q[g], x1 = act_q[units + g];
-      const int aq[8] = {static_cast<int>(x0.x), static_cast<int>(x0.y), static_cast<int>(x0.z),
-                         static_cast<int>(x0.w), static_cast<int>(x1.x), static_cast<int>(x1.y),
-                         static_cast<int>(x1.z), static_cast<int>(x1.w)};
+      int aq[8];
+      act_words(x0, x1, aq);
       const int2 hs = act_s[g];
       const int hs16 = static_cast<int>(__byte_perm(hs.x, hs.y, 0x5410));
       const float d8 = act_d[g];
@@ -155,9 +154,8 @@ __device__ __forceinline__ void row_pair(const MmvqParams& p, const uint8_t* sme
     if (lane < 2 * tail) {
       const UnitPos u = unit_pos<kType>(g & (kQ8PerSuperBlock - 1));
       const uint4 x0 = act_q[g], x1 = act_q[units + g];
-      const int aq[8] = {static_cast<int>(x0.x), static_cast<int>(x0.y), static_cast<int>(x0.z),
-                         static_cast<int>(x0.w), static_cast<int>(x1.x), static_cast<int>(x1.y),
-                         static_cast<int>(x1.z), static_cast<int>(x1.w)};
+      int aq[8];
+      act_words(x0, x1, aq);
       const int2 hs = act_s[g];
       const int blk = row_off + second * rb + (g / kQ8PerSuperBlock) * kBB;
       t = pos_t<kType, kAligned4>(buf, blk, blk & ~3, 8 * (blk & 3), u, aq, hs,
@@ -216,9 +214,8 @@ __device__ __forceinline__ void row_pair_n(const MmvqParams& p, const uint8_t* s
         if (i < n) {
           const int ai = i * units + g;
           const uint4 x0 = act_q[ai], x1 = act_q[hi + ai];
-          const int aq[8] = {static_cast<int>(x0.x), static_cast<int>(x0.y), static_cast<int>(x0.z),
-                             static_cast<int>(x0.w), static_cast<int>(x1.x), static_cast<int>(x1.y),
-                             static_cast<int>(x1.z), static_cast<int>(x1.w)};
+          int aq[8];
+          act_words(x0, x1, aq);
           const int2 hs = act_s[ai];
           const int hs16 = static_cast<int>(__byte_perm(hs.x, hs.y, 0x5410));
           const float d8 = act_d[ai];
@@ -245,9 +242,8 @@ __device__ __forceinline__ void row_pair_n(const MmvqParams& p, const uint8_t* s
         float t = 0.0f;
         if (active) {
           const uint4 x0 = act_q[ai], x1 = act_q[hi + ai];
-          const int aq[8] = {static_cast<int>(x0.x), static_cast<int>(x0.y), static_cast<int>(x0.z),
-                             static_cast<int>(x0.w), static_cast<int>(x1.x), static_cast<int>(x1.y),
-                             static_cast<int>(x1.z), static_cast<int>(x1.w)};
+          int aq[8];
+          act_words(x0, x1, aq);
           const int2 hs = act_s[ai];
           t = pos_dot<kType>(w, u, aq, hs, static_cast<int>(__byte_perm(hs.x, hs.y, 0x5410)));
         }

@@ -81,6 +81,19 @@ __device__ __forceinline__ WeightUnit decode_unit(const uint8_t* buf, int blk, i
   return u;
 }
 
+// The 32 activation quants of a staged unit (values 0-15 in x0, 16-31 in x1) as the eight words
+// the dp4a dots read.
+__device__ __forceinline__ void act_words(const uint4& x0, const uint4& x1, int (&aq)[8]) {
+  aq[0] = static_cast<int>(x0.x);
+  aq[1] = static_cast<int>(x0.y);
+  aq[2] = static_cast<int>(x0.z);
+  aq[3] = static_cast<int>(x0.w);
+  aq[4] = static_cast<int>(x1.x);
+  aq[5] = static_cast<int>(x1.y);
+  aq[6] = static_cast<int>(x1.z);
+  aq[7] = static_cast<int>(x1.w);
+}
+
 // The float part t of numerics.md for unit b of a decoded weight unit against one staged
 // activation unit (quants x0, x1, half sums hs). Integer parts by masked dp4a: the quants of
 // unit b sit at bits 2 (b % 4) of each byte, so q & (3 << 2 (b % 4)) dotted with a is
@@ -89,9 +102,8 @@ template <GgmlType kType>
 __device__ __forceinline__ float unit_t(const WeightUnit& u, int b, const uint4& x0,
                                         const uint4& x1, const int2& hs) {
   const int sh = 2 * (b & 3);
-  const int aq[8] = {static_cast<int>(x0.x), static_cast<int>(x0.y), static_cast<int>(x0.z),
-                     static_cast<int>(x0.w), static_cast<int>(x1.x), static_cast<int>(x1.y),
-                     static_cast<int>(x1.z), static_cast<int>(x1.w)};
+  int aq[8];
+  act_words(x0, x1, aq);
   int p0 = 0, p1 = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
