@@ -243,7 +243,8 @@ std::vector<uint16_t> tensor_to_bf16(const HostTensor& t) {
   std::vector<uint16_t> out;
   if (t.dtype == TensorDtype::kBF16) {
     out.resize(static_cast<size_t>(t.numel()));
-    std::memcpy(out.data(), t.bytes.data(), out.size() * 2);
+    // An empty tensor has no bytes to copy (memcpy of null pointers is undefined, even of 0).
+    if (!out.empty()) std::memcpy(out.data(), t.bytes.data(), out.size() * 2);
     return out;
   }
   for (float v : tensor_to_f32(t)) out.push_back(f32_to_bf16(v));

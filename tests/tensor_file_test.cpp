@@ -159,6 +159,21 @@ std::vector<uint8_t> npz_deflated(const std::string& name, const std::vector<uin
   return o;
 }
 
+// A tensor with a zero extent (shape (0, 4)) holds no bytes: every conversion gives an empty
+// vector (fuzz_tensor found tensor_to_bf16 passing a null pointer to memcpy here; UBSan flags
+// that even for 0 bytes, so the ASan + UBSan suite checks it too).
+TEST(TensorFile, EmptyTensorsConvertToEmptyVectors) {
+  const std::vector<uint8_t> b = npy_raw(1, hdr("<u2", "(0, 4)"), {});
+  const HostTensor r = parse_npy(b.data(), b.size(), "e.npy", U16As::kBF16);
+  EXPECT_EQ(r.numel(), 0);
+  EXPECT_TRUE(tensor_to_bf16(r).empty());
+  EXPECT_TRUE(tensor_to_f32(r).empty());
+  const std::vector<uint8_t> bf = npy_raw(1, hdr("<f4", "(0,)"), {});
+  EXPECT_TRUE(tensor_to_bf16(parse_npy(bf.data(), bf.size(), "f.npy")).empty());
+  const std::vector<uint8_t> bi = npy_raw(1, hdr("<i4", "(2, 0)"), {});
+  EXPECT_TRUE(tensor_to_i32(parse_npy(bi.data(), bi.size(), "i.npy")).empty());
+}
+
 TEST(TensorFile, NpzStoredAndDeflated) {
   const HostTensor a = f32_tensor({2, 3}), b = f32_tensor({4});
   const std::vector<uint8_t> z = make_npz_stored({{"output", make_npy(a)}, {"x", make_npy(b)}});
