@@ -148,6 +148,8 @@ void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* strea
 // bf16_gemv / bf16_gemv_pair: the GEMM above kMaxGroupRows tokens, the GEMV otherwise.
 void launch_bf16(const GemvArgs& a, int n_mat, const char* op, void* stream) {
   if (!use_bf16_gemm(a.T)) {
+    if (a.T == 1 && check_gemv_args(a, n_mat, op, false) && launch_gemv_stream(a, n_mat, stream))
+      return;
     launch_gemv_plain(a, n_mat, op, stream, false);
     return;
   }

@@ -99,6 +99,11 @@ void set_mmvq_blocks_per_sm(int cap);
 // memory, 1 always one (the kernel's fallback, so that tests reach it). No bit depends on it.
 // Process-wide, for tests and benchmarks; not thread-safe.
 void set_mmvq_rows_per_warp(int r);
+// The one-token bf16_gemv / bf16_gemv_pair: true (the default) streams the weight rows into
+// shared memory by bulk copies (cuda/gemv_stream.cu) where two row stages per warp fit (K up to
+// about 6000), false always takes the register-staged kernel (cuda/bf16_gemv.cu). No bit depends
+// on it. Process-wide, for tests and benchmarks; not thread-safe.
+void set_bf16_gemv_stream(bool on);
 
 // ---- route_select, route_plan (cuda/route_select.cu, cuda/route_plan.cu): the device route ----
 // The most routed experts the device route takes (route_plan's shared memory: 16 bytes each).

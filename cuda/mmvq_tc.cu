@@ -236,10 +236,10 @@ __global__ void __launch_bounds__(kW* kWarpSize, 20 / kW) mmvq_tc_kernel(MmvqPar
   uint64_t* empty = reinterpret_cast<uint64_t*>(smem + c.L.empty);
   if (threadIdx.x == 0) {
     for (int k = 0; k < kStages; ++k) {
-      bar_init_count(full + k, kAsync ? kThreads : 1);
-      bar_init_count(empty + k, kW);
+      bulk::bar_init(full + k, kAsync ? kThreads : 1);
+      bulk::bar_init(empty + k, kW);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    bulk::fence_bar_init();
   }
   __syncthreads();
   BMasks bm;
@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(kW* kWarpSize, 20 / kW) mmvq_tc_kernel(MmvqPar
   for (int s = 0; s < steps; ++s, c.advance(cc)) {
     if (producer && s + kStages - 1 < steps) {
       const int k = (s + kStages - 1) % kStages;  // the buffer step s - 1 used
-      if (s >= 1) bar_wait(empty + k, static_cast<uint32_t>(((s - 1) / kStages) & 1));
+      if (s >= 1) bulk::bar_wait(empty + k, static_cast<uint32_t>(((s - 1) / kStages) & 1));
       if constexpr (kAsync) issue_async<kType, kThreads>(c, ic, k, gc);
       else issue<kType>(c, ic, k, gc);
       c.advance(ic);
@@ -282,10 +282,10 @@ __global__ void __launch_bounds__(kW* kWarpSize, 20 / kW) mmvq_tc_kernel(MmvqPar
         for (int h = 0; h < 2; ++h) acc[i][h][0] = acc[i][h][1] = 0.0f;
     }
     const int k = s % kStages;
-    bar_wait(full + k, static_cast<uint32_t>((s / kStages) & 1));
+    bulk::bar_wait(full + k, static_cast<uint32_t>((s / kStages) & 1));
     if (kCompute && gi.n > 0) compute_stage<kType, kW>(c, k * c.L.stage_bytes, gi, cc, bm, acc);
     __syncwarp();
-    if (lane == 0) bar_arrive(empty + k);
+    if (lane == 0) bulk::bar_arrive(empty + k);
     if (kCompute && cc.chunk == c.nchunk - 1) {
       if (gi.n > 0) finish_tile<kW>(c, cc, acc, tile & 1);
       ++tile;

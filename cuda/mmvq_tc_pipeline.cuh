@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/blocks.h"
+#include "cuda/bulk_copy.cuh"
 #include "cuda/mmvq_tiles.cuh"
 
 namespace moecheck::cuda::mmvq_tc::detail {
@@ -58,48 +59,6 @@ __device__ __forceinline__ uint32_t s_u16(int off) {
 }
 
 __device__ __forceinline__ int lane_id() { return static_cast<int>(threadIdx.x) & (kWarpSize - 1); }
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void bar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void bar_init_count(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count)
-               : "memory");
-}
-
-__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-
-__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_u32(bar)),
-      "r"(parity)
-      : "memory");
-}
-
-// bytes (a multiple of 16) from 16-byte aligned global src to 16-byte aligned shared dst,
-// completing as transaction bytes on bar.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes,
-                                          uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
 
 // A step's tile (group, u-th tile of the group) and stage (chunk), advanced one step at a time
 // (no 64-bit division per step).
@@ -159,11 +118,11 @@ __device__ __forceinline__ void issue(const Ctx& c, const Cursor& q, int k, Grou
     }
   }
   const uint32_t total = __reduce_add_sync(0xFFFFFFFFu, size);
-  if (lane == 0) bar_expect_tx(bar, total);
+  if (lane == 0) bulk::bar_expect_tx(bar, total);
   __syncwarp();
   if (size > 0)
-    bulk_copy(c.smem + k * c.L.stage_bytes + lane * slot_bytes(kBB),
-              reinterpret_cast<const void*>(a), size, bar);
+    bulk::copy(c.smem + k * c.L.stage_bytes + lane * slot_bytes(kBB),
+               reinterpret_cast<const void*>(a), size, bar);
 }
 
 // The same step's bytes by 16-byte cp.async from every thread of the block (kThreads), each
@@ -190,13 +149,13 @@ __device__ __forceinline__ void issue_async(const Ctx& c, const Cursor& q, int k
       const uintptr_t a = s & ~uintptr_t{15};
       if (a + 16 * static_cast<uintptr_t>(j) >= s + nb * kBB) continue;
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                       smem_u32(stage + i * slot_bytes(kBB) + 16 * j)),
+                       bulk::smem_addr(stage + i * slot_bytes(kBB) + 16 * j)),
                    "l"(a + 16 * static_cast<uintptr_t>(j))
                    : "memory");
     }
   }
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
-                   smem_u32(reinterpret_cast<uint64_t*>(c.smem + c.L.full) + k))
+                   bulk::smem_addr(reinterpret_cast<uint64_t*>(c.smem + c.L.full) + k))
                : "memory");
 }
 

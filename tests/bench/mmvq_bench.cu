@@ -202,34 +202,39 @@ int main() {
     auto mat = [&](int i, int k) {
       return reinterpret_cast<const uint16_t*>(spool + ((i % nsh) * 3 + k) * sb);
     };
-    {
-      const auto hs = bench::to_host<uint16_t>(spool, 3 * inter * dim),
-                 hh = bench::to_host<uint16_t>(hb, inter);
-      std::vector<float> want_g(static_cast<size_t>(inter)), want_u(want_g.size()),
-          want_d(static_cast<size_t>(dim));
-      emu::bf16_gemv_pair(hs.data(), hs.data() + inter * dim, hx.data(), want_g.data(),
-                          want_u.data(), inter, dim, 1);
-      emu::bf16_gemv(hs.data() + 2 * inter * dim, hh.data(), want_d.data(), dim, inter, 1);
+    const auto hs = bench::to_host<uint16_t>(spool, 3 * inter * dim),
+               hh = bench::to_host<uint16_t>(hb, inter);
+    std::vector<float> want_g(static_cast<size_t>(inter)), want_u(want_g.size()),
+        want_d(static_cast<size_t>(dim));
+    emu::bf16_gemv_pair(hs.data(), hs.data() + inter * dim, hx.data(), want_g.data(), want_u.data(),
+                        inter, dim, 1);
+    emu::bf16_gemv(hs.data() + 2 * inter * dim, hh.data(), want_d.data(), dim, inter, 1);
+    want_g.insert(want_g.end(), want_u.begin(), want_u.end());
+    // The bulk-copy streaming kernel (the default) and the register-staged one (before), each
+    // checked against the emulation before it is timed.
+    for (bool streamed : {true, false}) {
+      cuda::set_bf16_gemv_stream(streamed);
+      const std::string tag = streamed ? "" : " (register-staged, before)";
       cuda::bf16_gemv_pair(mat(0, 0), mat(0, 1), x, y, y + inter, inter, dim, 1, s);
       MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-      want_g.insert(want_g.end(), want_u.begin(), want_u.end());
-      bench::require_emu_bits("bf16_gemv_pair shared gate+up", y, want_g);
+      bench::require_emu_bits("bf16_gemv_pair shared gate+up" + tag, y, want_g);
       cuda::bf16_gemv(mat(0, 2), hb, y, dim, inter, 1, s);
       MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-      bench::require_emu_bits("bf16_gemv shared down", y, want_d);
+      bench::require_emu_bits("bf16_gemv shared down" + tag, y, want_d);
+      double us = graph_us(
+          [&](int i, cudaStream_t st) {
+            cuda::bf16_gemv_pair(mat(i, 0), mat(i, 1), x, y, y + inter, inter, dim, 1, st);
+          },
+          n, s);
+      rows.push_back({"bf16_gemv_pair shared gate+up" + tag, "2 x [2304, 5120] T=1", "-", us,
+                      2.0 * sb / us * 1e-3, 2.0 * sb / us * 1e-3 / copy});
+      us = graph_us(
+          [&](int i, cudaStream_t st) { cuda::bf16_gemv(mat(i, 2), hb, y, dim, inter, 1, st); }, n,
+          s);
+      rows.push_back({"bf16_gemv shared down" + tag, "[5120, 2304] T=1", "-", us, sb / us * 1e-3,
+                      sb / us * 1e-3 / copy});
     }
-    double us = graph_us(
-        [&](int i, cudaStream_t st) {
-          cuda::bf16_gemv_pair(mat(i, 0), mat(i, 1), x, y, y + inter, inter, dim, 1, st);
-        },
-        n, s);
-    rows.push_back({"bf16_gemv_pair shared gate+up", "2 x [2304, 5120] T=1", "-", us,
-                    2.0 * sb / us * 1e-3, 2.0 * sb / us * 1e-3 / copy});
-    us = graph_us(
-        [&](int i, cudaStream_t st) { cuda::bf16_gemv(mat(i, 2), hb, y, dim, inter, 1, st); }, n,
-        s);
-    rows.push_back({"bf16_gemv shared down", "[5120, 2304] T=1", "-", us, sb / us * 1e-3,
-                    sb / us * 1e-3 / copy});
+    cuda::set_bf16_gemv_stream(true);
   }
 
   char date[32];

@@ -5,6 +5,7 @@
 // values. Contract: docs/numerics.md "bf16_gemv".
 #include <algorithm>
 #include <thread>
+#include <utility>
 
 #include "cuda/kernels.h"
 #include "emulate/bf16_gemv.h"
@@ -31,11 +32,36 @@ TEST(Bf16Gemv, EqualsEmu_100Seeds) {
   for (uint64_t s = 1; s <= 100; ++s) ASSERT_NO_FATAL_FAILURE(check(s));
 }
 
-// One token: the kernel that loads the lane's whole row first (K up to 3200 here, and beyond
-// 8192 values the general kernel).
+// Restores the default one-token kernel (the streaming one) when a test ends.
+struct StreamDefault {
+  ~StreamDefault() { cuda::set_bf16_gemv_stream(true); }
+};
+
+// One token: the streaming kernel (bulk-copied row stages, K up to about 6000; the default) and
+// the kernel that loads the lane's whole row first (K up to 3200 here, and beyond 8192 values
+// the general kernel).
 TEST(Bf16Gemv, OneTokenEqualsEmu_60Seeds) {
   MOECHECK_REQUIRE_GPU();
-  for (uint64_t s = 1001; s <= 1060; ++s) ASSERT_NO_FATAL_FAILURE(check(s, 1));
+  StreamDefault restore;
+  for (bool streamed : {true, false}) {
+    SCOPED_TRACE(streamed ? "streaming kernel" : "register-staged kernel");
+    cuda::set_bf16_gemv_stream(streamed);
+    for (uint64_t s = 1001; s <= 1060; ++s) ASSERT_NO_FATAL_FAILURE(check(s, 1));
+  }
+  cuda::set_bf16_gemv_stream(true);
+  for (uint64_t s = 4001; s <= 4008; ++s) {  // K where only the streaming kernel's 2 - 8 stages fit
+    emutest::Gen g(s);
+    const int64_t rows = 1 + g.u32() % 700, K = 3200 + 8 * (1 + g.u32() % 350);
+    const auto w = g.bf16(rows * K, 0.05), x = g.bf16(K, 1.0);
+    std::vector<float> want(static_cast<size_t>(rows));
+    emu::bf16_gemv(w.data(), x.data(), want.data(), rows, K, 1);
+    DevArray<uint16_t> dw(w), dx(x);
+    DevArray<float> dy(want.size());
+    cuda::bf16_gemv(dw.get(), dx.get(), dy.get(), rows, K, 1, nullptr);
+    ASSERT_TRUE(
+        same_f32("y (streamed)", dy.host(), want, rows,
+                 gputest::repro(s, "K=" + std::to_string(K) + " rows=" + std::to_string(rows))));
+  }
   for (uint64_t s = 1061; s <= 1064; ++s) {  // K beyond the one-token kernel's 8192
     emutest::Gen g(s);
     const int64_t rows = 5, K = 8192 + 8 * (1 + g.u32() % 64);
@@ -52,7 +78,10 @@ TEST(Bf16Gemv, OneTokenEqualsEmu_60Seeds) {
 
 TEST(Bf16Gemv, PairEqualsEmu_Ds41Shared_T1_T8) {
   MOECHECK_REQUIRE_GPU();
-  for (int64_t T : {1, 8}) {
+  StreamDefault restore;
+  const std::pair<int64_t, bool> runs[] = {{1, true}, {1, false}, {8, true}};  // T, streamed
+  for (const auto& [T, streamed] : runs) {
+    cuda::set_bf16_gemv_stream(streamed);
     emutest::Gen g(77 + T);
     const int64_t rows = 2304, K = 5120;
     const auto w0 = g.bf16(rows * K, 0.02), w1 = g.bf16(rows * K, 0.02), x = g.bf16(T * K, 1.0);
@@ -61,7 +90,8 @@ TEST(Bf16Gemv, PairEqualsEmu_Ds41Shared_T1_T8) {
     DevArray<uint16_t> d0(w0), d1(w1), dx(x);
     DevArray<float> y0(want0.size()), y1(want1.size());
     cuda::bf16_gemv_pair(d0.get(), d1.get(), dx.get(), y0.get(), y1.get(), rows, K, T, nullptr);
-    const std::string r = gputest::repro(77 + T, "T=" + std::to_string(T));
+    const std::string r =
+        gputest::repro(77 + T, "T=" + std::to_string(T) + (streamed ? "" : " register-staged"));
     ASSERT_TRUE(same_f32("shared gate", y0.host(), want0, rows, r));
     ASSERT_TRUE(same_f32("shared up", y1.host(), want1, rows, r));
   }

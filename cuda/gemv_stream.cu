@@ -1,0 +1,130 @@
+// The one-token bf16 GEMV (bf16_gemv and bf16_gemv_pair at T = 1) with its weight rows streamed
+// into shared memory: each warp owns a contiguous range of output rows (the pair's two matrices
+// form one list) and a ring of S row stages that its lane 0 refills by bulk copies
+// (cp.async.bulk, completing on the stage's mbarrier), so S - 1 rows of every warp are in flight
+// while it computes one, with no register cost and no block-wide barrier after the start. The
+// token's x is staged once per block. Arithmetic: the plain schedule of docs/numerics.md
+// "bf16_gemv", unchanged (lane l: chunks l, l + 32, ... in order, fma_rn over each chunk's 8
+// values from +0, then the butterfly); twin emu::bf16_gemv. The loads never change the order.
+#include <string>
+
+#include "cuda/bulk_copy.cuh"
+#include "cuda/check.h"
+#include "cuda/device_util.cuh"
+#include "cuda/gemv_plain.cuh"
+#include "cuda/kernels.h"
+
+namespace moecheck::cuda {
+namespace {
+
+bool g_stream = true;
+
+constexpr int kStreamWarps = 8;
+constexpr int kStreamMaxStages = 8;
+constexpr int kStreamSmemBudget = 200 * 1024;  // one block per multiprocessor
+
+// The block's shared memory: the warps' rings (warp w's stages at w * S * row_bytes), x, then
+// the stage barriers.
+struct StreamLayout {
+  int stages, row_bytes, x_off, bar_off, bytes;
+};
+
+__host__ __device__ inline StreamLayout stream_layout(int64_t K) {
+  StreamLayout L{};
+  L.row_bytes = static_cast<int>(2 * K);
+  const int s = (kStreamSmemBudget - L.row_bytes) / (kStreamWarps * L.row_bytes);
+  L.stages = s > kStreamMaxStages ? kStreamMaxStages : s;
+  L.x_off = kStreamWarps * L.stages * L.row_bytes;
+  L.bar_off = L.x_off + L.row_bytes;  // row_bytes is a multiple of 16
+  L.bytes = L.bar_off + kStreamWarps * L.stages * 8;
+  return L;
+}
+
+// Flat row r of the pair's list: matrix r / rows (a ternary, not an index into the parameter
+// array, which would copy it to local memory).
+__device__ __forceinline__ const uint16_t* row_src(const detail::GemvArgs& p, int64_t r) {
+  return r < p.rows ? p.w[0] + r * p.K : p.w[1] + (r - p.rows) * p.K;
+}
+
+__global__ void __launch_bounds__(kStreamWarps* kWarpSize, 1)
+    gemv_stream_kernel(detail::GemvArgs p, int64_t total_rows) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const StreamLayout L = stream_layout(p.K);
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  const int warp = static_cast<int>(threadIdx.x / kWarpSize);
+  const int S = L.stages;
+  uint8_t* ring = smem + warp * S * L.row_bytes;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + L.bar_off) + warp * S;
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * kStreamWarps + warp;
+  const int64_t nw = static_cast<int64_t>(gridDim.x) * kStreamWarps;
+  const int64_t r0 = total_rows * gw / nw;
+  const int n = static_cast<int>(total_rows * (gw + 1) / nw - r0);
+  const uint32_t rb = static_cast<uint32_t>(L.row_bytes);
+  if (lane == 0) {
+    for (int s = 0; s < S; ++s) bulk::bar_init(bar + s, 1);
+    bulk::fence_bar_init();
+    for (int s = 0; s < S && s < n; ++s) {
+      bulk::bar_expect_tx(bar + s, rb);
+      bulk::copy(ring + s * L.row_bytes, row_src(p, r0 + s), rb, bar + s);
+    }
+  }
+  const int nchunks = static_cast<int>(p.K / kGemvChunk);
+  uint4* xs = reinterpret_cast<uint4*>(smem + L.x_off);
+  for (int c = static_cast<int>(threadIdx.x); c < nchunks; c += kStreamWarps * kWarpSize)
+    xs[c] = __ldg(reinterpret_cast<const uint4*>(p.x) + c);
+  __syncthreads();
+  int s = 0;
+  uint32_t parity = 0;
+  for (int i = 0; i < n; ++i) {
+    bulk::bar_wait(bar + s, parity);
+    const uint4* wr = reinterpret_cast<const uint4*>(ring + s * L.row_bytes);
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int c = lane; c < nchunks; c += kWarpSize) acc = bf16_chunk_fma<false>(wr[c], xs[c], acc);
+    const float v = warp_butterfly(acc);
+    const int64_t r = r0 + i;
+    if (lane == 0) {
+      if (r < p.rows) p.y[0][r] = v;
+      else p.y[1][r - p.rows] = v;
+    }
+    __syncwarp();  // every lane is done with stage s
+    if (lane == 0 && i + S < n) {
+      bulk::fence_proxy_async();
+      bulk::bar_expect_tx(bar + s, rb);
+      bulk::copy(ring + s * L.row_bytes, row_src(p, r0 + i + S), rb, bar + s);
+    }
+    if (++s == S) {
+      s = 0;
+      parity ^= 1u;
+    }
+  }
+}
+
+}  // namespace
+
+void set_bf16_gemv_stream(bool on) { g_stream = on; }
+
+namespace detail {
+
+bool launch_gemv_stream(const GemvArgs& a, int n_mat, void* stream) {
+  if (!g_stream || a.T != 1 || a.K > kStreamSmemBudget / 2) return false;
+  const StreamLayout L = stream_layout(a.K);
+  if (L.stages < 2) return false;   // K above about 6000: the register-staged kernel
+  static int smem_set = 48 * 1024;  // the dynamic shared-memory limit, raised when needed
+  if (L.bytes > smem_set) {
+    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, L.bytes));
+    smem_set = L.bytes;
+  }
+  const int64_t total = a.rows * n_mat;
+  const int64_t warps = (total + 1) / 2;  // at least two rows per warp where it fills the device
+  const int64_t blocks_needed = (warps + kStreamWarps - 1) / kStreamWarps;
+  const int64_t sms = current_sm_count();
+  const unsigned grid = static_cast<unsigned>(blocks_needed < sms ? blocks_needed : sms);
+  gemv_stream_kernel<<<grid, kStreamWarps * kWarpSize, L.bytes, as_stream(stream)>>>(a, total);
+  MOECHECK_CUDA_CHECK(cudaGetLastError());
+  return true;
+}
+
+}  // namespace detail
+}  // namespace moecheck::cuda
