@@ -29,7 +29,13 @@ struct LayerOptions {
   RouterVariant router = RouterVariant::kStaged;
   int expert_warps = kDefaultExpertWarps;  // 2, 4 or 8 warps per MMVQ block; no bit depends on it
   bool shared_side_stream = true;          // shared expert on a side stream; no bit depends on it
-  bool use_graphs = false;                 // replay the post-routing launches as a CUDA graph
+  // Device route with the side stream: where the shared expert forks. Forwards of up to this
+  // many tokens fork it at the layer's input, before q8_1 and the router (a bf16 shared expert
+  // reads only x; a K-quant one forks after q8_1 of x), so that its GEMVs run beside the router
+  // and the selection, which fill few SMs; larger forwards fork it after the router. Measured
+  // best at 1 on the H200 (docs/performance.md). No bit depends on it.
+  int64_t shared_fork_max_tokens = 1;
+  bool use_graphs = false;  // replay the post-routing launches as a CUDA graph
   int device = 0;
   RoutePlace route = RoutePlace::kHost;
   // Experts with at most this many pairs (0..8) run through MMVQ, one group each; the others

@@ -179,17 +179,26 @@ Routing MoeLayer::Impl::header_routing(int64_t T, const uint8_t* image_mask) {
 void MoeLayer::Impl::device_body(int64_t T, bool masked) {
   const MoeConfig& c = w.config;
   const DevicePlanLayout D(T, c.topk);
-  quantize_q8_1_bf16(x.as<uint16_t>(), x_q8.as<BlockQ8_1>(), T, c.dim, main);
-  router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(), c.n_routed,
-              c.dim, T, main, w.router_type);
-  if (o.shared_side_stream) {
+  // The fork: up to shared_fork_max_tokens at the input (a bf16 shared expert reads only x) or
+  // after q8_1 of x (a K-quant one reads x_q8); above it after the router. q8_1 stays on the
+  // main stream either way (measured: on the side stream ahead of the shared expert it made the
+  // one-token layer 2 us slower, docs/performance.md).
+  const bool use_side = o.shared_side_stream;
+  const int fork_at = !use_side ? -1 : T > o.shared_fork_max_tokens ? 2 : dense_shared ? 0 : 1;
+  auto fork = [&] {
     MOECHECK_CUDA_CHECK(cudaEventRecord(ev_in, main));
     MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(side, ev_in, 0));
     shared_expert(T, side);
     MOECHECK_CUDA_CHECK(cudaEventRecord(ev_out, side));
-  }
+  };
+  if (fork_at == 0) fork();
+  quantize_q8_1_bf16(x.as<uint16_t>(), x_q8.as<BlockQ8_1>(), T, c.dim, main);
+  if (fork_at == 1) fork();
+  router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(), c.n_routed,
+              c.dim, T, main, w.router_type);
+  if (fork_at == 2) fork();
   device_routed(T, masked);
-  if (o.shared_side_stream) MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(main, ev_out, 0));
+  if (use_side) MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(main, ev_out, 0));
   else shared_expert(T, main);
   accumulate(reinterpret_cast<const int32_t*>(dplan.as<uint8_t>() + D.rows),
              reinterpret_cast<const float*>(dplan.as<uint8_t>() + D.weights), c.topk,

@@ -234,6 +234,21 @@ int main(int argc, char** argv) {
     lo.route = RoutePlace::kDevice;
     gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph"));
     if (!graph_only) {
+      // Where the side stream's shared expert forks (LayerOptions::shared_fork_max_tokens):
+      // after the router at one token (as before), at the input at 4 and 8 tokens.
+      lo.shared_fork_max_tokens = 0;
+      gres.push_back(time_graph(w, lo, 1, copy,
+                                "device route, one graph, shared expert forked after the router"));
+      lo.shared_fork_max_tokens = 8;
+      gres.push_back(time_graph(w, lo, 4, copy,
+                                "device route, one graph, T=4, shared expert forked at the input"));
+      gres.push_back(time_graph(w, lo, 8, copy,
+                                "device route, one graph, T=8, shared expert forked at the input"));
+      lo.shared_fork_max_tokens = cuda::LayerOptions{}.shared_fork_max_tokens;
+      cuda::set_bf16_gemv_stream(false);
+      gres.push_back(time_graph(w, lo, 1, copy,
+                                "device route, one graph, shared GEMVs register-staged (before)"));
+      cuda::set_bf16_gemv_stream(true);
       // The routed MMVQ's grid capped, so the shared expert's GEMVs can run beside it.
       for (int cap : {2, 1}) {
         cuda::set_mmvq_blocks_per_sm(cap);
