@@ -14,6 +14,8 @@ namespace moecheck::cuda {
 namespace {
 
 constexpr int kPlanThreads = 512;
+// Up to this many picks (T * topk) are staged in shared memory for the scans below.
+constexpr int64_t kStagedPicks = 3072;  // with 2048 experts: 44 KB, under the 48 KB default
 
 struct PlanArgs {
   const int32_t* hdr;
@@ -28,10 +30,10 @@ struct PlanArgs {
 
 // Expert e's pairs (tokens ascending) into its groups: gate at gfirst, up at P + gfirst, down at
 // 2P + gfirst, chunks of kMaxGroupRows; pick_pair[i] = the pair row of pick i.
-__device__ void expert_groups(const PlanArgs& a, int e, int cnt, int first, int u, int U,
-                              int gfirst, MmvqGroup* groups, int32_t* pick_pair) {
+// picks: the header's picks (staged in shared memory when they fit).
+__device__ void expert_groups(const PlanArgs& a, const int32_t* picks, int e, int cnt, int first,
+                              int u, int U, int gfirst, MmvqGroup* groups, int32_t* pick_pair) {
   const int64_t P = a.T * a.k;
-  const int32_t* picks = a.hdr + RouteHeaderLayout::kPicks;
   int r = 0;
   for (int64_t i = 0; i < P && r < cnt; ++i) {
     if (picks[i] != e) continue;
@@ -64,23 +66,17 @@ __device__ void expert_groups(const PlanArgs& a, int e, int cnt, int first, int 
   sp[2 * U + u] = a.slot_down[slot];
 }
 
-// Token t's pair rows and weights in ascending expert id (core/layer_plan.cpp
-// make_accumulation).
-__device__ void token_accumulation(const PlanArgs& a, int64_t t, const int32_t* pick_pair,
-                                   int32_t* rows, float* weights) {
-  const int64_t k = a.k;
+// Pick i's pair row and weight at the accumulation row of its rank among its token's picks by
+// expert id (core/layer_plan.cpp make_accumulation: each token's rows in ascending expert id;
+// the ids of a token are distinct).
+__device__ void pick_accumulation(const PlanArgs& a, const int32_t* picks, int64_t i,
+                                  const int32_t* pick_pair, int32_t* rows, float* weights) {
+  const int64_t k = a.k, t0 = i / k * k;
   const RouteHeaderLayout L{a.T, k};
-  const int32_t* picks = a.hdr + RouteHeaderLayout::kPicks + t * k;
-  for (int64_t r = 0; r < k; ++r) {  // the r-th smallest expert id of the token (ids distinct)
-    int64_t j_min = -1;
-    for (int64_t j = 0; j < k; ++j) {
-      int64_t rank = 0;
-      for (int64_t q = 0; q < k; ++q) rank += picks[q] < picks[j];
-      if (rank == r) j_min = j;
-    }
-    rows[t * k + r] = pick_pair[t * k + j_min];
-    weights[t * k + r] = __int_as_float(a.hdr[L.weights() + t * k + j_min]);
-  }
+  int64_t rank = 0;
+  for (int64_t q = 0; q < k; ++q) rank += picks[t0 + q] < picks[i];
+  rows[t0 + rank] = pick_pair[i];
+  weights[t0 + rank] = __int_as_float(a.hdr[L.weights() + i]);
 }
 
 // Groups of an expert with cnt pairs: one MMVQ group (cnt <= mmvq_max_rows) or its MMQ groups.
@@ -140,7 +136,8 @@ __device__ void scan_experts(int n, int mmvq_max_rows, const int* cnt, int* firs
   __syncthreads();
 }
 
-// One block. Shared memory: cnt, first, uidx, gfirst [n] i32.
+// One block. Shared memory: cnt, first, uidx, gfirst [n] i32, then the picks [T k] i32 when
+// T k <= kStagedPicks.
 __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(PlanArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int U_sh;
@@ -164,18 +161,22 @@ __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(PlanArgs a) {
   int* first = cnt + n;
   int* uidx = first + n;
   int* gfirst = uidx + n;
+  const int32_t* hpicks = a.hdr + RouteHeaderLayout::kPicks;
+  int32_t* staged = gfirst + n;
+  const int32_t* picks = P <= kStagedPicks ? staged : hpicks;
   for (int e = threadIdx.x; e < n; e += blockDim.x) cnt[e] = 0;
+  if (P <= kStagedPicks)
+    for (int64_t i = threadIdx.x; i < P; i += blockDim.x) staged[i] = hpicks[i];
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < P; i += blockDim.x)
-    atomicAdd(&cnt[a.hdr[RouteHeaderLayout::kPicks + i]], 1);
+  for (int64_t i = threadIdx.x; i < P; i += blockDim.x) atomicAdd(&cnt[picks[i]], 1);
   __syncthreads();
   scan_experts(n, a.mmvq_max_rows, cnt, first, uidx, gfirst, counts, &U_sh);
   for (int e = threadIdx.x; e < n; e += blockDim.x)
     if (cnt[e] > 0)
-      expert_groups(a, e, cnt[e], first[e], uidx[e], U_sh, gfirst[e], groups, pick_pair);
-  __syncthreads();
-  for (int64_t t = threadIdx.x; t < a.T; t += blockDim.x)
-    token_accumulation(a, t, pick_pair, rows, weights);
+      expert_groups(a, picks, e, cnt[e], first[e], uidx[e], U_sh, gfirst[e], groups, pick_pair);
+  __syncthreads();  // pick_pair written (global memory, this block)
+  for (int64_t i = threadIdx.x; i < P; i += blockDim.x)
+    pick_accumulation(a, picks, i, pick_pair, rows, weights);
 }
 
 }  // namespace
@@ -193,7 +194,9 @@ void route_plan(const int32_t* hdr, int64_t T, const RouteParams& rp, const int3
                      std::to_string(rp.mmvq_max_rows));
   const PlanArgs a{hdr,   T,         rp.n_routed, rp.topk,   rp.mmvq_max_rows,
                    slots, slot_gate, slot_up,     slot_down, plan};
-  const size_t smem = static_cast<size_t>(rp.n_routed) * 16;
+  const int64_t P = T * rp.topk;
+  const size_t smem =
+      static_cast<size_t>(rp.n_routed) * 16 + static_cast<size_t>(P <= kStagedPicks ? P : 0) * 4;
   route_plan_kernel<<<1, kPlanThreads, smem, as_stream(stream)>>>(a);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
 }

@@ -36,6 +36,60 @@ __device__ __forceinline__ void warp_best(float& bk, int& bi) {
   }
 }
 
+// The selection order as one unsigned 64-bit key: the key's bits mapped to an unsigned order
+// (+0 and -0 first made one value, as they tie under ==), then 0xFFFFFFFF - id, so that a larger
+// packed value is `before` a smaller one. Keys are numbers here (NaN tokens never select), and
+// every packed value of an expert exceeds 0, which marks "no candidate".
+__device__ __forceinline__ unsigned long long pack_key(float k, int id) {
+  const uint32_t b = __float_as_uint(k == 0.0f ? 0.0f : k);
+  const uint32_t u = (b & 0x80000000u) != 0 ? ~b : b | 0x80000000u;
+  return static_cast<unsigned long long>(u) << 32 | (0xFFFFFFFFu - static_cast<uint32_t>(id));
+}
+
+// The experts a lane holds in registers for the packed top-k (n_routed <= 32 * kRegCand).
+constexpr int kRegCand = 16;
+
+// Top-k of the n keys by warp 0 (lane l holds experts l + 32 i, i < kRegCand, as packed keys in
+// registers): each round the warp's maximum by two 32-bit warp reductions (the order key, then
+// the id part among the lanes holding that key); the owner drops its pick and rescans its own
+// candidates. The order is a strict total order, so the result is the same as `warp_best`'s.
+__device__ void topk_packed(const float* key, int n, int k, int* ids) {
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  unsigned long long c[kRegCand];
+#pragma unroll
+  for (int i = 0; i < kRegCand; ++i) {
+    const int e = lane + kWarpSize * i;
+    c[i] = e < n ? pack_key(key[e], e) : 0ull;
+  }
+  unsigned long long best = 0;
+  int at = 0;
+#pragma unroll
+  for (int i = 0; i < kRegCand; ++i)
+    if (c[i] > best) {
+      best = c[i];
+      at = i;
+    }
+  for (int j = 0; j < k; ++j) {
+    const uint32_t hi = __reduce_max_sync(0xFFFFFFFFu, static_cast<uint32_t>(best >> 32));
+    const uint32_t lo = __reduce_max_sync(
+        0xFFFFFFFFu, static_cast<uint32_t>(best >> 32) == hi ? static_cast<uint32_t>(best) : 0u);
+    const int id = static_cast<int>(0xFFFFFFFFu - lo);
+    if (lane == 0) ids[j] = id;
+    if (id % kWarpSize == lane) {  // the owner: drop the pick, find its next best
+      best = 0;
+#pragma unroll
+      for (int i = 0; i < kRegCand; ++i) {
+        if (i == at) c[i] = 0ull;
+        if (c[i] > best) best = c[i];
+      }
+#pragma unroll
+      for (int i = 0; i < kRegCand; ++i)
+        if (c[i] == best && best != 0ull) at = i;
+    }
+  }
+  __syncwarp();
+}
+
 struct SelectArgs {
   const float* logits;
   const float* bias;
@@ -160,7 +214,7 @@ __device__ void write_token(const SelectArgs& a, int64_t t, const int* ids, cons
 // scratch included; lane l writes picks l, l + 32. A nonzero status: zero rows and weights,
 // counts 0 (as route_plan). w / slot: the picks' weights and slots from write_token.
 __device__ void one_token_plan(const SelectArgs& a, const int* ids, const float* w,
-                               const int32_t* slot) {
+                               const int32_t* slot, bool nan_token) {
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
   const int k = static_cast<int>(a.rp.topk), P = k, U = k;
   const DevicePlanLayout D(1, k);
@@ -170,12 +224,13 @@ __device__ void one_token_plan(const SelectArgs& a, const int* ids, const float*
   auto* counts = reinterpret_cast<int32_t*>(a.plan + D.counts);
   auto* pick_pair = reinterpret_cast<int32_t*>(a.plan + D.scratch);
   const auto** sp = reinterpret_cast<const uint8_t**>(a.plan + D.slots);
-  // The status after every lane's atomics (the warp synchronised in write_token or the NaN
-  // path), read by an atomic so that no stale cached copy is seen.
-  int status = 0;
-  if (lane == 0) status = atomicOr(&a.hdr[RouteHeaderLayout::kStatus], 0);
-  status = __shfl_sync(0xFFFFFFFFu, status, 0);
-  if (status != 0) {
+  // The one-token status without a read of the header: this launch initialised it (a.init),
+  // and only this warp can set it: a NaN token (nan_token) or a pick with slot -1 (kRouteMiss,
+  // visible in slot[] after write_token's __syncwarp).
+  bool bad = nan_token;
+  if (!nan_token)
+    for (int j = lane; j < k; j += kWarpSize) bad = bad || slot[j] < 0;
+  if (__any_sync(0xFFFFFFFFu, bad)) {
     for (int i = lane; i < P; i += kWarpSize) {
       rows[i] = 0;
       weights[i] = 0.0f;
@@ -247,25 +302,29 @@ __global__ void __launch_bounds__(1024) route_select_kernel(SelectArgs a) {
       }
     }
     __syncwarp();
-    if (a.plan != nullptr) one_token_plan(a, ids, w_sh, slot_sh);  // the zero plan
+    if (a.plan != nullptr) one_token_plan(a, ids, w_sh, slot_sh, true);  // the zero plan
     return;
   }
-  unsigned long long picked = 0;
-  for (int j = 0; j < k; ++j) {
-    float bk = 0.0f;
-    int bi = -1;
-    for (int e = lane, i = 0; e < n; e += kWarpSize, ++i)
-      if (!(picked >> i & 1ull) && (bi < 0 || before(key[e], e, bk, bi))) {
-        bk = key[e];
-        bi = e;
-      }
-    warp_best(bk, bi);
-    if (lane == 0) ids[j] = bi;
-    if (bi % kWarpSize == lane) picked |= 1ull << (bi / kWarpSize);
+  if (n <= kWarpSize * kRegCand) {
+    topk_packed(key, n, k, ids);
+  } else {
+    unsigned long long picked = 0;
+    for (int j = 0; j < k; ++j) {
+      float bk = 0.0f;
+      int bi = -1;
+      for (int e = lane, i = 0; e < n; e += kWarpSize, ++i)
+        if (!(picked >> i & 1ull) && (bi < 0 || before(key[e], e, bk, bi))) {
+          bk = key[e];
+          bi = e;
+        }
+      warp_best(bk, bi);
+      if (lane == 0) ids[j] = bi;
+      if (bi % kWarpSize == lane) picked |= 1ull << (bi / kWarpSize);
+    }
+    __syncwarp();
   }
-  __syncwarp();
   write_token(a, t, ids, s, w_sh, slot_sh);
-  if (a.plan != nullptr) one_token_plan(a, ids, w_sh, slot_sh);
+  if (a.plan != nullptr) one_token_plan(a, ids, w_sh, slot_sh, false);
 }
 
 void check_select(int64_t T, const RouteParams& rp) {
