@@ -32,6 +32,20 @@ TEST(Bf16Gemv, EqualsEmu_100Seeds) {
   for (uint64_t s = 1; s <= 100; ++s) ASSERT_NO_FATAL_FAILURE(check(s));
 }
 
+// One token of seeded values at [rows, K] against emu::bf16_gemv (the generator g continues from
+// the shape draws of seed s).
+void one_token_case(uint64_t s, emutest::Gen& g, int64_t rows, int64_t K, const char* what) {
+  const auto w = g.bf16(rows * K, 0.05), x = g.bf16(K, 1.0);
+  std::vector<float> want(static_cast<size_t>(rows));
+  emu::bf16_gemv(w.data(), x.data(), want.data(), rows, K, 1);
+  DevArray<uint16_t> dw(w), dx(x);
+  DevArray<float> dy(want.size());
+  cuda::bf16_gemv(dw.get(), dx.get(), dy.get(), rows, K, 1, nullptr);
+  ASSERT_TRUE(
+      same_f32(what, dy.host(), want, rows,
+               gputest::repro(s, "K=" + std::to_string(K) + " rows=" + std::to_string(rows))));
+}
+
 // Restores the default one-token kernel (the streaming one) when a test ends.
 struct StreamDefault {
   ~StreamDefault() { cuda::set_bf16_gemv_stream(true); }
@@ -52,27 +66,12 @@ TEST(Bf16Gemv, OneTokenEqualsEmu_60Seeds) {
   for (uint64_t s = 4001; s <= 4008; ++s) {  // K where only the streaming kernel's 2 - 8 stages fit
     emutest::Gen g(s);
     const int64_t rows = 1 + g.u32() % 700, K = 3200 + 8 * (1 + g.u32() % 350);
-    const auto w = g.bf16(rows * K, 0.05), x = g.bf16(K, 1.0);
-    std::vector<float> want(static_cast<size_t>(rows));
-    emu::bf16_gemv(w.data(), x.data(), want.data(), rows, K, 1);
-    DevArray<uint16_t> dw(w), dx(x);
-    DevArray<float> dy(want.size());
-    cuda::bf16_gemv(dw.get(), dx.get(), dy.get(), rows, K, 1, nullptr);
-    ASSERT_TRUE(
-        same_f32("y (streamed)", dy.host(), want, rows,
-                 gputest::repro(s, "K=" + std::to_string(K) + " rows=" + std::to_string(rows))));
+    ASSERT_NO_FATAL_FAILURE(one_token_case(s, g, rows, K, "y (streamed)"));
   }
   for (uint64_t s = 1061; s <= 1064; ++s) {  // K beyond the one-token kernel's 8192
     emutest::Gen g(s);
-    const int64_t rows = 5, K = 8192 + 8 * (1 + g.u32() % 64);
-    const auto w = g.bf16(rows * K, 0.05), x = g.bf16(K, 1.0);
-    std::vector<float> want(static_cast<size_t>(rows));
-    emu::bf16_gemv(w.data(), x.data(), want.data(), rows, K, 1);
-    DevArray<uint16_t> dw(w), dx(x);
-    DevArray<float> dy(want.size());
-    cuda::bf16_gemv(dw.get(), dx.get(), dy.get(), rows, K, 1, nullptr);
-    ASSERT_TRUE(same_f32("y (K > 8192)", dy.host(), want, rows,
-                         gputest::repro(s, "K=" + std::to_string(K))));
+    const int64_t K = 8192 + 8 * (1 + g.u32() % 64);
+    ASSERT_NO_FATAL_FAILURE(one_token_case(s, g, 5, K, "y (K > 8192)"));
   }
 }
 
