@@ -3,8 +3,9 @@
 // emu::bf16_gemv (emulate/bf16_gemv.h). Loads: one 16-byte load per chunk per lane (a warp
 // reads 512 contiguous bytes of a row), four chunks in flight before the first use (one token:
 // the lane's whole row); the loads never change the arithmetic order. bf16_gemv and
-// bf16_gemv_pair with more than kMaxGroupRows tokens run the GEMM of cuda/bf16_gemm.cu instead
-// (same bits; the plain router keeps this kernel at every T).
+// bf16_gemv_pair with more than kMaxGroupRows tokens run the GEMM of cuda/bf16_gemm.cu instead,
+// and at one token the streaming kernel of cuda/gemv_stream.cu where it applies (same bits; the
+// plain router keeps this file's kernels at every T).
 #include <string>
 
 #include "core/error.h"
@@ -64,7 +65,8 @@ __global__ void __launch_bounds__(kGemvPlainWarps* kWarpSize) gemv_plain_kernel(
   }
 }
 
-// One token (the shared expert and the plain router at T = 1): every chunk of the lane's row is
+// One token (the plain router at T = 1; the shared expert where the streaming kernel does not
+// apply or cuda::set_bf16_gemv_stream(false)): every chunk of the lane's row is
 // loaded before the first fma (kNC chunks per lane: the whole row in flight, up to 8192 values),
 // then the same chain and butterfly. Same bits as gemv_plain_kernel.
 template <int kNC, bool kF16W>
