@@ -138,8 +138,10 @@ bool check_gemv_args(const GemvArgs& a, int n_mat, const char* op, bool gemm) {
   return true;
 }
 
-void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* stream, bool f16_w) {
-  if (!check_gemv_args(a, n_mat, op, false)) return;
+namespace {
+
+// The plain GEMV's launch after check_gemv_args passed.
+void launch_gemv_checked(const GemvArgs& a, int n_mat, void* stream, bool f16_w) {
   const dim3 grid(static_cast<unsigned>((a.rows + kGemvPlainWarps - 1) / kGemvPlainWarps),
                   static_cast<unsigned>((a.T + kMaxGroupRows - 1) / kMaxGroupRows),
                   static_cast<unsigned>(n_mat));
@@ -147,12 +149,19 @@ void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* strea
   else launch_gemv_typed<false>(a, n_mat, grid, stream);
 }
 
-// bf16_gemv / bf16_gemv_pair: the GEMM above kMaxGroupRows tokens, the GEMV otherwise.
+}  // namespace
+
+void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* stream, bool f16_w) {
+  if (check_gemv_args(a, n_mat, op, false)) launch_gemv_checked(a, n_mat, stream, f16_w);
+}
+
+// bf16_gemv / bf16_gemv_pair: the GEMM above kMaxGroupRows tokens, the GEMV otherwise (at one
+// token the streaming kernel where it applies); the shapes checked once.
 void launch_bf16(const GemvArgs& a, int n_mat, const char* op, void* stream) {
   if (!use_bf16_gemm(a.T)) {
-    if (a.T == 1 && check_gemv_args(a, n_mat, op, false) && launch_gemv_stream(a, n_mat, stream))
-      return;
-    launch_gemv_plain(a, n_mat, op, stream, false);
+    if (!check_gemv_args(a, n_mat, op, false)) return;
+    if (a.T == 1 && launch_gemv_stream(a, n_mat, stream)) return;
+    launch_gemv_checked(a, n_mat, stream, false);
     return;
   }
   if (check_gemv_args(a, n_mat, op, true)) launch_bf16_gemm(a, n_mat, op, stream);

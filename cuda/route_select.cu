@@ -75,16 +75,18 @@ __device__ void topk_packed(const float* key, int n, int k, int* ids) {
         0xFFFFFFFFu, static_cast<uint32_t>(best >> 32) == hi ? static_cast<uint32_t>(best) : 0u);
     const int id = static_cast<int>(0xFFFFFFFFu - lo);
     if (lane == 0) ids[j] = id;
-    if (id % kWarpSize == lane) {  // the owner: drop the pick, find its next best
+    if (id % kWarpSize == lane) {  // the owner: drop the pick, find its next best in one pass
       best = 0;
+      int next = 0;
 #pragma unroll
       for (int i = 0; i < kRegCand; ++i) {
         if (i == at) c[i] = 0ull;
-        if (c[i] > best) best = c[i];
+        if (c[i] > best) {
+          best = c[i];
+          next = i;
+        }
       }
-#pragma unroll
-      for (int i = 0; i < kRegCand; ++i)
-        if (c[i] == best && best != 0ull) at = i;
+      at = next;
     }
   }
   __syncwarp();
