@@ -28,8 +28,9 @@ struct GemvArgs {
 void launch_gemv_plain(const GemvArgs& a, int n_mat, const char* op, void* stream, bool f16_w);
 
 // The one-token bf16 GEMV with bulk-copied row stages (cuda/gemv_stream.cu), after the checks of
-// launch_gemv_plain; false (nothing launched) when it does not apply: T != 1, K too large for two
-// stages per warp, or cuda::set_bf16_gemv_stream(false).
+// launch_gemv_plain; false (nothing launched) when it does not apply: T != 1, K above the
+// default shape's 6016 (or too large for two stages per warp of a shape set by
+// cuda::set_bf16_gemv_stream_shape), or cuda::set_bf16_gemv_stream(false).
 bool launch_gemv_stream(const GemvArgs& a, int n_mat, void* stream);
 
 }  // namespace moecheck::cuda::detail

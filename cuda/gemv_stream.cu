@@ -3,11 +3,14 @@
 // form one list) and a ring of S row stages that its lane 0 refills by bulk copies
 // (cp.async.bulk, completing on the stage's mbarrier), so S - 1 rows of every warp are in flight
 // while it computes one, with no register cost and no block-wide barrier after the start. The
-// token's x is staged once per block. Arithmetic: the plain schedule of docs/numerics.md
+// token's x is staged once per block. One block per multiprocessor, by default 4 warps with 2
+// stages each (92 KB at K = 5120, 41 KB at K = 2304: room for MMVQ blocks beside it; deeper
+// rings measured slower, docs/performance.md). Arithmetic: the plain schedule of docs/numerics.md
 // "bf16_gemv", unchanged (lane l: chunks l, l + 32, ... in order, fma_rn over each chunk's 8
 // values from +0, then the butterfly); twin emu::bf16_gemv. The loads never change the order.
 #include <string>
 
+#include "core/error.h"
 #include "cuda/bulk_copy.cuh"
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
@@ -19,9 +22,15 @@ namespace {
 
 bool g_stream = true;
 
-constexpr int kStreamWarps = 8;
 constexpr int kStreamMaxStages = 8;
-constexpr int kStreamSmemBudget = 200 * 1024;  // one block per multiprocessor
+constexpr int kStreamSmemMax = 227 * 1024;  // the most one block may have on sm_90
+// The default shape: 4 warps with 2 row stages each (measured best inside the one-token layer,
+// docs/performance.md), for K up to kStreamDefaultMaxK (the register-staged and general kernels
+// keep K above it).
+constexpr int kStreamDefaultWarps = 4, kStreamDefaultStages = 2;
+constexpr int64_t kStreamDefaultMaxK = 6016;
+// set_bf16_gemv_stream_shape per launch form ([0] one matrix, [1] a pair); 0: the default.
+int g_warps[2] = {0, 0}, g_stages[2] = {0, 0};
 
 // The block's shared memory: the warps' rings (warp w's stages at w * S * row_bytes), x, then
 // the stage barriers.
@@ -29,14 +38,17 @@ struct StreamLayout {
   int stages, row_bytes, x_off, bar_off, bytes;
 };
 
-__host__ __device__ inline StreamLayout stream_layout(int64_t K) {
+// W warps per block with S row stages each, or as many stages as `budget` allows (S = 0, at
+// most kStreamMaxStages).
+__host__ __device__ inline StreamLayout stream_layout(int64_t K, int warps, int budget,
+                                                      int stages = 0) {
   StreamLayout L{};
   L.row_bytes = static_cast<int>(2 * K);
-  const int s = (kStreamSmemBudget - L.row_bytes) / (kStreamWarps * L.row_bytes);
-  L.stages = s > kStreamMaxStages ? kStreamMaxStages : s;
-  L.x_off = kStreamWarps * L.stages * L.row_bytes;
+  const int s = (budget - L.row_bytes) / (warps * L.row_bytes);
+  L.stages = stages != 0 ? stages : s > kStreamMaxStages ? kStreamMaxStages : s;
+  L.x_off = warps * L.stages * L.row_bytes;
   L.bar_off = L.x_off + L.row_bytes;  // row_bytes is a multiple of 16
-  L.bytes = L.bar_off + kStreamWarps * L.stages * 8;
+  L.bytes = L.bar_off + warps * L.stages * 8;
   return L;
 }
 
@@ -46,17 +58,19 @@ __device__ __forceinline__ const uint16_t* row_src(const detail::GemvArgs& p, in
   return r < p.rows ? p.w[0] + r * p.K : p.w[1] + (r - p.rows) * p.K;
 }
 
-__global__ void __launch_bounds__(kStreamWarps* kWarpSize, 1)
-    gemv_stream_kernel(detail::GemvArgs p, int64_t total_rows) {
+// Two warps: at most 64 registers (launch bounds of 16 blocks), so that one block fits beside
+// three MMVQ blocks of 80 registers (61440 of the 65536 registers of an sm_90 multiprocessor).
+template <int kWarps>
+__global__ void __launch_bounds__(kWarps* kWarpSize, kWarps == 2 ? 16 : 1)
+    gemv_stream_kernel(detail::GemvArgs p, int64_t total_rows, StreamLayout L) {
   extern __shared__ __align__(16) uint8_t smem[];
-  const StreamLayout L = stream_layout(p.K);
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
   const int warp = static_cast<int>(threadIdx.x / kWarpSize);
   const int S = L.stages;
   uint8_t* ring = smem + warp * S * L.row_bytes;
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem + L.bar_off) + warp * S;
-  const int64_t gw = static_cast<int64_t>(blockIdx.x) * kStreamWarps + warp;
-  const int64_t nw = static_cast<int64_t>(gridDim.x) * kStreamWarps;
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  const int64_t nw = static_cast<int64_t>(gridDim.x) * kWarps;
   const int64_t r0 = total_rows * gw / nw;
   const int n = static_cast<int>(total_rows * (gw + 1) / nw - r0);
   const uint32_t rb = static_cast<uint32_t>(L.row_bytes);
@@ -70,7 +84,7 @@ __global__ void __launch_bounds__(kStreamWarps* kWarpSize, 1)
   }
   const int nchunks = static_cast<int>(p.K / kGemvChunk);
   uint4* xs = reinterpret_cast<uint4*>(smem + L.x_off);
-  for (int c = static_cast<int>(threadIdx.x); c < nchunks; c += kStreamWarps * kWarpSize)
+  for (int c = static_cast<int>(threadIdx.x); c < nchunks; c += kWarps * kWarpSize)
     xs[c] = __ldg(reinterpret_cast<const uint4*>(p.x) + c);
   __syncthreads();
   int s = 0;
@@ -100,29 +114,62 @@ __global__ void __launch_bounds__(kStreamWarps* kWarpSize, 1)
   }
 }
 
-}  // namespace
-
-void set_bf16_gemv_stream(bool on) { g_stream = on; }
-
-namespace detail {
-
-bool launch_gemv_stream(const GemvArgs& a, int n_mat, void* stream) {
-  if (!g_stream || a.T != 1 || a.K > kStreamSmemBudget / 2) return false;
-  const StreamLayout L = stream_layout(a.K);
-  if (L.stages < 2) return false;   // K above about 6000: the register-staged kernel
+template <int kWarps>
+void launch_warps(const detail::GemvArgs& a, int n_mat, const StreamLayout& L, void* stream) {
   static int smem_set = 48 * 1024;  // the dynamic shared-memory limit, raised when needed
   if (L.bytes > smem_set) {
-    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel,
+    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel<kWarps>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, L.bytes));
     smem_set = L.bytes;
   }
   const int64_t total = a.rows * n_mat;
   const int64_t warps = (total + 1) / 2;  // at least two rows per warp where it fills the device
-  const int64_t blocks_needed = (warps + kStreamWarps - 1) / kStreamWarps;
+  const int64_t blocks_needed = (warps + kWarps - 1) / kWarps;
   const int64_t sms = current_sm_count();
   const unsigned grid = static_cast<unsigned>(blocks_needed < sms ? blocks_needed : sms);
-  gemv_stream_kernel<<<grid, kStreamWarps * kWarpSize, L.bytes, as_stream(stream)>>>(a, total);
+  gemv_stream_kernel<kWarps><<<grid, kWarps * kWarpSize, L.bytes, as_stream(stream)>>>(a, total, L);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void set_bf16_gemv_stream(bool on) { g_stream = on; }
+
+void set_bf16_gemv_stream_shape(int warps, int stages, int n_mat) {
+  if ((warps != 0 && warps != 2 && warps != 4 && warps != 8) ||
+      (stages != 0 && (stages < 2 || stages > 8)))
+    throw InputError(
+        "cuda::set_bf16_gemv_stream_shape: need warps 0, 2, 4 or 8 and stages 0 or 2..8, found "
+        "warps=" +
+        std::to_string(warps) + " stages=" + std::to_string(stages));
+  if (n_mat < 0 || n_mat > 2)
+    throw InputError("cuda::set_bf16_gemv_stream_shape: need n_mat 0, 1 or 2, found " +
+                     std::to_string(n_mat));
+  for (int f = 0; f < 2; ++f) {
+    if (n_mat != 0 && n_mat != f + 1) continue;
+    g_warps[f] = warps;
+    g_stages[f] = stages;
+  }
+}
+
+namespace detail {
+
+// The default shape (4 warps x 2 stages, K up to kStreamDefaultMaxK) or the one set by
+// set_bf16_gemv_stream_shape (stages lowered to what fits a block's shared memory, or as many
+// as fit when 0). Fewer than two stages fit: not taken.
+bool launch_gemv_stream(const GemvArgs& a, int n_mat, void* stream) {
+  if (!g_stream || a.T != 1 || a.K > kStreamSmemMax / 2) return false;
+  const int f = n_mat == 2 ? 1 : 0;
+  const bool set = g_warps[f] != 0 || g_stages[f] != 0;
+  if (!set && a.K > kStreamDefaultMaxK) return false;
+  const int warps = g_warps[f] != 0 ? g_warps[f] : kStreamDefaultWarps;
+  const int most = stream_layout(a.K, warps, kStreamSmemMax).stages;
+  const int want = !set ? kStreamDefaultStages : g_stages[f] != 0 ? g_stages[f] : most;
+  if (most < 2) return false;  // not two row stages per warp in a block's shared memory
+  const StreamLayout L = stream_layout(a.K, warps, kStreamSmemMax, want < most ? want : most);
+  if (warps == 8) launch_warps<8>(a, n_mat, L, stream);
+  else if (warps == 4) launch_warps<4>(a, n_mat, L, stream);
+  else launch_warps<2>(a, n_mat, L, stream);
   return true;
 }
 

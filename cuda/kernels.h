@@ -19,8 +19,13 @@ namespace moecheck::cuda {
 // [T, rows]. K a positive multiple of 8 (kGemvChunk); w and x 16-byte aligned. Any T (launched in
 // groups of kMaxGroupRows tokens; bf16_gemv and bf16_gemv_pair above kMaxGroupRows tokens as a
 // GEMM, cuda/bf16_gemm.cu; no bit depends on the grouping or the kernel).
+// x_q8 (optional, K a multiple of 32): also q8_1 of x [T, K / 32], the bytes of
+// quantize_q8_1_bf16; the staged variant writes them from the warps that would otherwise idle
+// while warp 0 folds a row's partials (one launch fewer on the device route), the plain variant
+// by a quantize_q8_1_bf16 launch after its own.
 void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y, int64_t rows,
-                 int64_t K, int64_t T, void* stream, GgmlType w_type = GgmlType::kBF16);
+                 int64_t K, int64_t T, void* stream, GgmlType w_type = GgmlType::kBF16,
+                 BlockQ8_1* x_q8 = nullptr);
 void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K, int64_t T,
                void* stream);
 // Two matrices of one shape on the same x in one launch (the shared expert's gate and up);
@@ -100,10 +105,18 @@ void set_mmvq_blocks_per_sm(int cap);
 // Process-wide, for tests and benchmarks; not thread-safe.
 void set_mmvq_rows_per_warp(int r);
 // The one-token bf16_gemv / bf16_gemv_pair: true (the default) streams the weight rows into
-// shared memory by bulk copies (cuda/gemv_stream.cu) where two row stages per warp fit (K up to
-// about 6000), false always takes the register-staged kernel (cuda/bf16_gemv.cu). No bit depends
+// shared memory by bulk copies (cuda/gemv_stream.cu; K up to 6016 by default), false always
+// takes the register-staged kernel (cuda/bf16_gemv.cu). No bit depends
 // on it. Process-wide, for tests and benchmarks; not thread-safe.
 void set_bf16_gemv_stream(bool on);
+// The streaming kernel's shape: warps per block (2, 4 or 8; two warps at most 64 registers)
+// and row stages per warp (2 to 8, lowered to what fits a block's shared memory; 0: as many as
+// fit, up to 8); two stages must fit (K up to about 23 000 on 2 warps, 11 600 on 4, 5 800 on
+// 8). warps = stages = 0 restores the default: 4 warps x 2 stages for K up to 6016, the
+// register-staged kernel above. n_mat: 1 for bf16_gemv's
+// launches, 2 for bf16_gemv_pair's, 0 both. No bit depends on it. Process-wide, for tests and
+// benchmarks; not thread-safe.
+void set_bf16_gemv_stream_shape(int warps, int stages, int n_mat = 0);
 
 // ---- route_select, route_plan (cuda/route_select.cu, cuda/route_plan.cu): the device route ----
 // The most routed experts the device route takes (route_plan's shared memory: 16 bytes each).

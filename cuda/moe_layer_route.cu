@@ -182,7 +182,7 @@ void MoeLayer::Impl::device_body(int64_t T, bool masked) {
   // The fork: up to shared_fork_max_tokens at the input (a bf16 shared expert reads only x) or
   // after q8_1 of x (a K-quant one reads x_q8); above it after the router. q8_1 stays on the
   // main stream either way (measured: on the side stream ahead of the shared expert it made the
-  // one-token layer 2 us slower, docs/performance.md).
+  // one-token layer 2 us slower, docs/performance.md), in the router's launch where it can.
   const bool use_side = o.shared_side_stream;
   const int fork_at = !use_side ? -1 : T > o.shared_fork_max_tokens ? 2 : dense_shared ? 0 : 1;
   auto fork = [&] {
@@ -192,10 +192,14 @@ void MoeLayer::Impl::device_body(int64_t T, bool masked) {
     MOECHECK_CUDA_CHECK(cudaEventRecord(ev_out, side));
   };
   if (fork_at == 0) fork();
-  quantize_q8_1_bf16(x.as<uint16_t>(), x_q8.as<BlockQ8_1>(), T, c.dim, main);
-  if (fork_at == 1) fork();
+  // q8_1 of x by the router's launch (its idle warps), unless a K-quant shared expert forks
+  // between the two.
+  if (fork_at == 1) {
+    quantize_q8_1_bf16(x.as<uint16_t>(), x_q8.as<BlockQ8_1>(), T, c.dim, main);
+    fork();
+  }
   router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(), c.n_routed,
-              c.dim, T, main, w.router_type);
+              c.dim, T, main, w.router_type, fork_at == 1 ? nullptr : x_q8.as<BlockQ8_1>());
   if (fork_at == 2) fork();
   device_routed(T, masked);
   if (use_side) MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(main, ev_out, 0));

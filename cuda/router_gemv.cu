@@ -3,7 +3,9 @@
 // kPlain runs the plain schedule of cuda/gemv_plain.cuh (kernel in cuda/bf16_gemv.cu); kStaged
 // is here: one block of kRouterStagedThreads per row, thread t taking chunks t, t + 256, ...,
 // partials staged in shared memory, folded by warp 0 (p = part[l], then part[l + 32 w] for
-// w = 1..7 in order) and finished by the butterfly.
+// w = 1..7 in order) and finished by the butterfly; meanwhile warps 1..7 of every block may
+// write q8_1 of x (cuda/q8_1_block.cuh, the bytes of quantize_q8_1_bf16), one 32-value block
+// per warp.
 #include <string>
 
 #include "core/error.h"
@@ -11,6 +13,7 @@
 #include "cuda/device_util.cuh"
 #include "cuda/gemv_plain.cuh"
 #include "cuda/kernels.h"
+#include "cuda/q8_1_block.cuh"
 
 namespace moecheck::cuda {
 namespace {
@@ -21,7 +24,7 @@ constexpr int kStagedUnroll = 4;
 template <bool kF16W>
 __global__ void __launch_bounds__(kRouterStagedThreads)
     router_staged_kernel(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K,
-                         int64_t T) {
+                         int64_t T, BlockQ8_1* xq) {
   __shared__ float part[kMaxGroupRows][kRouterStagedThreads];
   const int tid = threadIdx.x;
   const int64_t row = blockIdx.x;
@@ -56,7 +59,20 @@ __global__ void __launch_bounds__(kRouterStagedThreads)
 #pragma unroll
   for (int t = 0; t < kMaxGroupRows; ++t) part[t][tid] = acc[t];
   __syncthreads();
-  if (tid >= kWarpSize) return;
+  if (tid >= kWarpSize) {
+    if (xq == nullptr) return;
+    // q8_1 block j of x (row-major [T, K / 32]) on warp j % 7 + 1 of flat block j / 7 (and
+    // every such block again a grid's width on): whole warps, independent of the fold.
+    constexpr int kQ = kRouterStagedWarps - 1;
+    const int64_t n_q8 = T * (K / kQK8_1);
+    const int64_t step = static_cast<int64_t>(gridDim.x) * gridDim.y * kQ;
+    const int lane = tid % kWarpSize;
+    for (int64_t j = (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kQ +
+                     (tid / kWarpSize - 1);
+         j < n_q8; j += step)
+      detail::quantize_block_warp(bf16_to_f32(__ldg(x + j * kQK8_1 + lane)), lane, xq + j);
+    return;
+  }
 #pragma unroll
   for (int t = 0; t < kMaxGroupRows; ++t) {
     if (t < n) {
@@ -72,7 +88,7 @@ __global__ void __launch_bounds__(kRouterStagedThreads)
 }  // namespace
 
 void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y, int64_t rows,
-                 int64_t K, int64_t T, void* stream, GgmlType w_type) {
+                 int64_t K, int64_t T, void* stream, GgmlType w_type, BlockQ8_1* x_q8) {
   if (w_type != GgmlType::kBF16 && w_type != GgmlType::kF16)
     throw InputError("cuda::router_gemv: weight type " +
                      std::to_string(static_cast<uint32_t>(w_type)) + " is neither BF16 nor F16");
@@ -80,6 +96,7 @@ void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y
   if (v == RouterVariant::kPlain) {
     const detail::GemvArgs a{{w, w}, {y, y}, x, rows, K, T};
     detail::launch_gemv_plain(a, 1, "router_gemv", stream, f16);
+    if (x_q8 != nullptr) quantize_q8_1_bf16(x, x_q8, T, K, stream);
     return;
   }
   const std::string where = "cuda::router_gemv(staged): ";
@@ -89,7 +106,14 @@ void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y
   if ((T + kMaxGroupRows - 1) / kMaxGroupRows > 65535 || rows > 0x7FFFFFFF)
     throw InputError(where + "launch too large: rows=" + std::to_string(rows) +
                      " T=" + std::to_string(T));
-  if (rows == 0 || T == 0) return;
+  if (x_q8 != nullptr && K % kQK8_1 != 0)
+    throw InputError(where + "q8_1 of x needs K a multiple of 32, found K=" + std::to_string(K));
+  if (T == 0) return;
+  if (rows == 0) {  // no row to launch over: q8_1 of x alone
+    if (x_q8 != nullptr) quantize_q8_1_bf16(x, x_q8, T, K, stream);
+    return;
+  }
+  if (x_q8 != nullptr) require_aligned(x_q8, 4, "router_gemv", "x_q8");
   require_aligned(w, 16, "router_gemv", "w");
   require_aligned(x, 16, "router_gemv", "x");
   require_aligned(y, 4, "router_gemv", "y");
@@ -97,10 +121,10 @@ void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y
                   static_cast<unsigned>((T + kMaxGroupRows - 1) / kMaxGroupRows));
   if (f16)
     router_staged_kernel<true>
-        <<<grid, kRouterStagedThreads, 0, as_stream(stream)>>>(w, x, y, rows, K, T);
+        <<<grid, kRouterStagedThreads, 0, as_stream(stream)>>>(w, x, y, rows, K, T, x_q8);
   else
     router_staged_kernel<false>
-        <<<grid, kRouterStagedThreads, 0, as_stream(stream)>>>(w, x, y, rows, K, T);
+        <<<grid, kRouterStagedThreads, 0, as_stream(stream)>>>(w, x, y, rows, K, T, x_q8);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -257,6 +257,26 @@ int main(int argc, char** argv) {
             "device route, one graph, MMVQ at " + std::to_string(cap) + " block(s) per SM"));
       }
       cuda::set_mmvq_blocks_per_sm(0);
+      // The shared GEMVs' streaming shapes (warps x stages of the pair, then of down): before
+      // (8 x 2, 8 x 5), others, and the default (4 x 2 both); two warps (at most 64 registers)
+      // fit beside the routed MMVQ's three blocks per SM. Each shape is timed in two passes, for
+      // the spread.
+      struct GemvShapes {
+        int pw, ps, dw, ds;
+      };
+      const GemvShapes shapes[] = {{8, 2, 8, 5}, {4, 2, 8, 2}, {4, 2, 4, 2}, {4, 2, 2, 2}};
+      for (int pass = 0; pass < 2; ++pass)
+        for (const GemvShapes& g : shapes) {
+          cuda::set_bf16_gemv_stream_shape(g.pw, g.ps, 2);
+          cuda::set_bf16_gemv_stream_shape(g.dw, g.ds, 1);
+          gres.push_back(time_graph(w, lo, 1, copy,
+                                    "device route, one graph, shared pair " + std::to_string(g.pw) +
+                                        " warps x " + std::to_string(g.ps) + " stages, down " +
+                                        std::to_string(g.dw) + " x " + std::to_string(g.ds) +
+                                        " (pass " + std::to_string(pass + 1) + ")"));
+        }
+      cuda::set_bf16_gemv_stream_shape(0, 0);
+      cuda::set_mmvq_blocks_per_sm(0);
       gres.push_back(time_graph(w, lo, 8, copy, "device route, one graph, T=8"));
       // Before two rows per warp reached groups of several tokens: one row per warp for every
       // launch whose groups may hold more than one token (all of them at T = 8).

@@ -150,6 +150,64 @@ int main() {
                     b / us * 1e-3 / copy});
   }
   cuda::set_mmvq_engine(cuda::MmvqEngine::kDp4a);
+  // The one-token launch's fixed cost: the dp4a kernel over m = 2 .. 12 gate-shaped and 1 .. 6
+  // down matrices (the validated launches above on fewer of the same experts); time = fixed +
+  // m x per matrix, fitted by least squares. Then the six-expert launches with the persistent
+  // grid capped at two blocks per SM (16 warps instead of 24).
+  {
+    auto fit = [&](const char* what, GgmlType t, int off, const std::vector<int>& ms, int64_t R,
+                   int64_t K, const BlockQ8_1* a, bool per_expert, double bytes_each) {
+      std::vector<double> xs, ys;
+      for (int m : ms) {
+        const double us = graph_us(
+            [&](int i, cudaStream_t st) {
+              cuda::mmvq_experts(t, table(i) + off, m, a, per_expert, y, R, K, 8, st);
+            },
+            n, s);
+        xs.push_back(m);
+        ys.push_back(us);
+        std::printf("fixed-cost sweep: %s, %d matrices: %.2f us\n", what, m, us);
+      }
+      double mx = 0, my = 0;
+      for (size_t i = 0; i < xs.size(); ++i) {
+        mx += xs[i] / xs.size();
+        my += ys[i] / ys.size();
+      }
+      double sxy = 0, sxx = 0;
+      for (size_t i = 0; i < xs.size(); ++i) {
+        sxy += (xs[i] - mx) * (ys[i] - my);
+        sxx += (xs[i] - mx) * (xs[i] - mx);
+      }
+      const double slope = sxy / sxx, fixed = my - slope * mx;
+      std::printf(
+          "fixed-cost fit: %s: fixed %.2f us, %.3f us per matrix (%.0f GB/s = %.0f%% of "
+          "copy per matrix)\n",
+          what, fixed, slope, bytes_each / slope * 1e-3, bytes_each / slope * 1e-3 / copy * 100);
+    };
+    fit("Q2_K [2304, 5120]", GgmlType::kQ2K, 0, {2, 4, 6, 8, 10, 12}, inter, dim, x_q8, false,
+        static_cast<double>(gate_stride));
+    fit("Q3_K [5120, 2304]", GgmlType::kQ3K, static_cast<int>(2 * nsel), {1, 2, 3, 4, 5, 6}, dim,
+        inter, h_q8, true, static_cast<double>(down_stride));
+    cuda::set_mmvq_blocks_per_sm(2);
+    double us = graph_us(
+        [&](int i, cudaStream_t st) {
+          cuda::mmvq_experts(GgmlType::kQ2K, table(i), 2 * nsel, x_q8, false, y, inter, dim, 8, st);
+        },
+        n, s);
+    double b = static_cast<double>(2 * nsel * gate_stride);
+    rows.push_back({"mmvq_experts Q2_K gate+up, 2 blocks per SM", "12 x [2304, 5120]", "default",
+                    us, b / us * 1e-3, b / us * 1e-3 / copy});
+    us = graph_us(
+        [&](int i, cudaStream_t st) {
+          cuda::mmvq_experts(GgmlType::kQ3K, table(i) + 2 * nsel, nsel, h_q8, true, y, dim, inter,
+                             8, st);
+        },
+        n, s);
+    b = static_cast<double>(nsel * down_stride);
+    rows.push_back({"mmvq_experts Q3_K down, 2 blocks per SM", "6 x [5120, 2304]", "default", us,
+                    b / us * 1e-3, b / us * 1e-3 / copy});
+    cuda::set_mmvq_blocks_per_sm(0);
+  }
   // Stream launches (no graph) of the gate+up form, for the launch overhead.
   {
     int i = 0;
@@ -212,9 +270,25 @@ int main() {
     want_g.insert(want_g.end(), want_u.begin(), want_u.end());
     // The bulk-copy streaming kernel (the default) and the register-staged one (before), each
     // checked against the emulation before it is timed.
-    for (bool streamed : {true, false}) {
+    // The streaming kernel's default shape (4 warps x 2 stages), the register-staged kernel,
+    // the shape before (8 warps; 2 stages for the pair, 5 for down: as many as fit 200 KB) and
+    // others, each checked against the emulation before it is timed.
+    struct Shape {
+      int warps, pair_stages, down_stages;
+      const char* tag;
+    };
+    const Shape shapes[] = {{0, 0, 0, ""},
+                            {-1, 0, 0, " (register-staged, before)"},
+                            {8, 2, 5, " (streaming, 8 warps x 2 / 5 stages, before)"},
+                            {8, 2, 2, " (streaming, 8 warps x 2 stages)"},
+                            {4, 4, 4, " (streaming, 4 warps x 4 stages)"},
+                            {2, 2, 2, " (streaming, 2 warps x 2 stages)"}};
+    for (const Shape& sh : shapes) {
+      const bool streamed = sh.warps >= 0;
       cuda::set_bf16_gemv_stream(streamed);
-      const std::string tag = streamed ? "" : " (register-staged, before)";
+      cuda::set_bf16_gemv_stream_shape(streamed ? sh.warps : 0, sh.pair_stages, 2);
+      cuda::set_bf16_gemv_stream_shape(streamed ? sh.warps : 0, sh.down_stages, 1);
+      const std::string tag = sh.tag;
       cuda::bf16_gemv_pair(mat(0, 0), mat(0, 1), x, y, y + inter, inter, dim, 1, s);
       MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
       bench::require_emu_bits("bf16_gemv_pair shared gate+up" + tag, y, want_g);
@@ -235,6 +309,7 @@ int main() {
                       sb / us * 1e-3 / copy});
     }
     cuda::set_bf16_gemv_stream(true);
+    cuda::set_bf16_gemv_stream_shape(0, 0);
   }
 
   char date[32];

@@ -5,6 +5,7 @@
 // values. Contract: docs/numerics.md "bf16_gemv".
 #include <algorithm>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "cuda/kernels.h"
@@ -48,7 +49,10 @@ void one_token_case(uint64_t s, emutest::Gen& g, int64_t rows, int64_t K, const 
 
 // Restores the default one-token kernel (the streaming one) when a test ends.
 struct StreamDefault {
-  ~StreamDefault() { cuda::set_bf16_gemv_stream(true); }
+  ~StreamDefault() {
+    cuda::set_bf16_gemv_stream(true);
+    cuda::set_bf16_gemv_stream_shape(0, 0);
+  }
 };
 
 // One token: the streaming kernel (bulk-copied row stages, K up to about 6000; the default) and
@@ -68,6 +72,20 @@ TEST(Bf16Gemv, OneTokenEqualsEmu_60Seeds) {
     const int64_t rows = 1 + g.u32() % 700, K = 3200 + 8 * (1 + g.u32() % 350);
     ASSERT_NO_FATAL_FAILURE(one_token_case(s, g, rows, K, "y (streamed)"));
   }
+  // Every shape: 2, 4 and 8 warps per block with 2 stages and with as many as fit (up to 8;
+  // two warps at most 64 registers), K up to 5600.
+  for (const auto& [wp, st] : {std::pair{2, 2}, {2, 0}, {4, 2}, {4, 0}, {8, 2}, {8, 0}}) {
+    cuda::set_bf16_gemv_stream_shape(wp, st);
+    const std::string what =
+        "y (streamed, " + std::to_string(wp) + " warps x " + std::to_string(st) + " stages)";
+    const uint64_t s0 = 4200 + 100 * static_cast<uint64_t>(wp + st);
+    for (uint64_t s = s0 + 1; s <= s0 + 6; ++s) {
+      emutest::Gen g(s);
+      const int64_t rows = 1 + g.u32() % 900, K = 8 * (1 + g.u32() % 700);
+      ASSERT_NO_FATAL_FAILURE(one_token_case(s, g, rows, K, what.c_str()));
+    }
+  }
+  cuda::set_bf16_gemv_stream_shape(0, 0);
   for (uint64_t s = 1061; s <= 1064; ++s) {  // K beyond the one-token kernel's 8192
     emutest::Gen g(s);
     const int64_t K = 8192 + 8 * (1 + g.u32() % 64);
@@ -78,9 +96,12 @@ TEST(Bf16Gemv, OneTokenEqualsEmu_60Seeds) {
 TEST(Bf16Gemv, PairEqualsEmu_Ds41Shared_T1_T8) {
   MOECHECK_REQUIRE_GPU();
   StreamDefault restore;
-  const std::pair<int64_t, bool> runs[] = {{1, true}, {1, false}, {8, true}};  // T, streamed
-  for (const auto& [T, streamed] : runs) {
+  // T, streamed, warps of the streaming kernel (0: the default, 4)
+  const std::tuple<int64_t, bool, int> runs[] = {
+      {1, true, 0}, {1, true, 8}, {1, true, 2}, {1, false, 0}, {8, true, 0}};
+  for (const auto& [T, streamed, warps] : runs) {
     cuda::set_bf16_gemv_stream(streamed);
+    cuda::set_bf16_gemv_stream_shape(warps, warps != 0 ? 2 : 0);
     emutest::Gen g(77 + T);
     const int64_t rows = 2304, K = 5120;
     const auto w0 = g.bf16(rows * K, 0.02), w1 = g.bf16(rows * K, 0.02), x = g.bf16(T * K, 1.0);
@@ -90,7 +111,8 @@ TEST(Bf16Gemv, PairEqualsEmu_Ds41Shared_T1_T8) {
     DevArray<float> y0(want0.size()), y1(want1.size());
     cuda::bf16_gemv_pair(d0.get(), d1.get(), dx.get(), y0.get(), y1.get(), rows, K, T, nullptr);
     const std::string r =
-        gputest::repro(77 + T, "T=" + std::to_string(T) + (streamed ? "" : " register-staged"));
+        gputest::repro(77 + T, "T=" + std::to_string(T) + (streamed ? "" : " register-staged") +
+                                   (warps != 0 ? " warps=" + std::to_string(warps) : ""));
     ASSERT_TRUE(same_f32("shared gate", y0.host(), want0, rows, r));
     ASSERT_TRUE(same_f32("shared up", y1.host(), want1, rows, r));
   }

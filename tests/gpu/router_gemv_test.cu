@@ -3,6 +3,7 @@
 // each launch twice. Contract: docs/numerics.md "router_gemv".
 #include "core/error.h"
 #include "cuda/kernels.h"
+#include "emulate/quantize_q8_1.h"
 #include "emulate/router_gemv.h"
 #include "tests/emu_test_util.h"
 #include "tests/gpu/gemv_cases.h"
@@ -65,6 +66,46 @@ TEST(RouterGemv, Ds41Router384x5120_BothVariants_T1_T8) {
                    gputest::repro(4100 + T, v == RouterVariant::kPlain ? "plain" : "staged")));
     }
   }
+}
+
+// q8_1 of x written by the router's launch (the device route's form): the bytes of
+// emu::quantize_q8_1_bf16 and the logits unchanged, both variants, T from 1 to 40 (more q8_1
+// blocks than the staged grid has spare warps at small row counts: the grid-stride loop), NaN
+// and Inf in x included.
+TEST(RouterGemv, FusedQ8_1EqualsEmuQuantize_BothVariants_40Seeds) {
+  MOECHECK_REQUIRE_GPU();
+  for (RouterVariant v : {RouterVariant::kPlain, RouterVariant::kStaged}) {
+    for (uint64_t s = 1; s <= 40; ++s) {
+      emutest::Gen g(9100 + s);
+      const int64_t rows = 1 + g.u32() % 400, K = 32 * (1 + g.u32() % 170), T = s;
+      const auto w = g.bf16(rows * K, 0.05);
+      auto x = g.bf16(T * K, 1.0);
+      if (s % 5 == 0) x[g.u32() % x.size()] = 0x7FC0;  // NaN
+      if (s % 7 == 0) x[g.u32() % x.size()] = 0xFF80;  // -Inf
+      std::vector<float> want(static_cast<size_t>(T * rows));
+      emu::router_gemv(v, w.data(), x.data(), want.data(), rows, K, T);
+      std::vector<BlockQ8_1> want_q(static_cast<size_t>(T * K / kQK8_1));
+      emu::quantize_q8_1_bf16(x.data(), want_q.data(), T, K);
+      DevArray<uint16_t> dw(w), dx(x);
+      DevArray<float> dy(want.size());
+      DevArray<BlockQ8_1> dq(want_q.size());
+      dq.poison();
+      cuda::router_gemv(v, dw.get(), dx.get(), dy.get(), rows, K, T, nullptr, GgmlType::kBF16,
+                        dq.get());
+      const std::string r =
+          gputest::repro(9100 + s, std::string(v == RouterVariant::kPlain ? "plain" : "staged") +
+                                       " rows=" + std::to_string(rows) + " K=" + std::to_string(K) +
+                                       " T=" + std::to_string(T));
+      ASSERT_TRUE(same_f32("router logits (with q8_1 of x)", dy.host(), want, rows, r));
+      ASSERT_TRUE(gputest::same_q8("x_q8 (router launch)", dq.host(), want_q, K / kQK8_1, r));
+    }
+  }
+  DevArray<uint16_t> w(1024), x(1024);
+  DevArray<float> y(64);
+  DevArray<BlockQ8_1> q(64);
+  EXPECT_THROW(cuda::router_gemv(RouterVariant::kStaged, w.get(), x.get(), y.get(), 2, 48, 1,
+                                 nullptr, GgmlType::kBF16, q.get()),
+               InputError);  // K not a multiple of 32
 }
 
 TEST(RouterGemv, BadShapesThrowBeforeLaunch) {
