@@ -87,7 +87,10 @@ int main() {
   bench::fill_random(x_q8, dim / 32 * sizeof(BlockQ8_1), 3);
   bench::fill_random(h_q8, nsel * inter / 32 * sizeof(BlockQ8_1), 4);
 
-  // Before any timing: set 0 of every MMVQ form, at every warp count, against the emulation.
+  // Before any timing: set 0 of every MMVQ form, at every warp count, against the emulation
+  // (want_gu, want_d also check the fixed-cost sweep's launches below).
+  std::vector<float> want_gu(static_cast<size_t>(2 * nsel * inter)),
+      want_d(static_cast<size_t>(nsel * dim));
   {
     const auto gates = bench::to_host<uint8_t>(gate_pool, 2 * nsel * gate_stride);
     const auto downs = bench::to_host<uint8_t>(down_pool, nsel * down_stride);
@@ -96,8 +99,6 @@ int main() {
     std::vector<const uint8_t*> hg, hd;
     for (int64_t e = 0; e < 2 * nsel; ++e) hg.push_back(gates.data() + e * gate_stride);
     for (int64_t e = 0; e < nsel; ++e) hd.push_back(downs.data() + e * down_stride);
-    std::vector<float> want_gu(static_cast<size_t>(2 * nsel * inter)),
-        want_d(static_cast<size_t>(nsel * dim));
     emu::mmvq_experts(GgmlType::kQ2K, hg.data(), 2 * nsel, xq.data(), false, want_gu.data(), inter,
                       dim);
     emu::mmvq_experts(GgmlType::kQ3K, hd.data(), nsel, hq.data(), true, want_d.data(), dim, inter);
@@ -151,14 +152,20 @@ int main() {
   }
   cuda::set_mmvq_engine(cuda::MmvqEngine::kDp4a);
   // The one-token launch's fixed cost: the dp4a kernel over m = 2 .. 12 gate-shaped and 1 .. 6
-  // down matrices (the validated launches above on fewer of the same experts); time = fixed +
+  // down matrices (each launch shape first checked on set 0 against the emulation); time = fixed +
   // m x per matrix, fitted by least squares. Then the six-expert launches with the persistent
   // grid capped at two blocks per SM (16 warps instead of 24).
   {
     auto fit = [&](const char* what, GgmlType t, int off, const std::vector<int>& ms, int64_t R,
                    int64_t K, const BlockQ8_1* a, bool per_expert, double bytes_each) {
       std::vector<double> xs, ys;
+      const std::vector<float>& want = t == GgmlType::kQ2K ? want_gu : want_d;
       for (int m : ms) {
+        // Set 0's first m matrices: the emulation's first m R outputs, bit for bit.
+        cuda::mmvq_experts(t, d_tab + off, m, a, per_expert, y, R, K, 8, s);
+        MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+        bench::require_emu_bits(std::string(what) + ", " + std::to_string(m) + " matrices", y,
+                                std::vector<float>(want.begin(), want.begin() + m * R));
         const double us = graph_us(
             [&](int i, cudaStream_t st) {
               cuda::mmvq_experts(t, table(i) + off, m, a, per_expert, y, R, K, 8, st);
@@ -189,6 +196,12 @@ int main() {
     fit("Q3_K [5120, 2304]", GgmlType::kQ3K, static_cast<int>(2 * nsel), {1, 2, 3, 4, 5, 6}, dim,
         inter, h_q8, true, static_cast<double>(down_stride));
     cuda::set_mmvq_blocks_per_sm(2);
+    cuda::mmvq_experts(GgmlType::kQ2K, d_tab, 2 * nsel, x_q8, false, y, inter, dim, 8, s);
+    MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+    bench::require_emu_bits("mmvq_experts Q2_K gate+up, 2 blocks per SM", y, want_gu);
+    cuda::mmvq_experts(GgmlType::kQ3K, d_tab + 2 * nsel, nsel, h_q8, true, y, dim, inter, 8, s);
+    MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+    bench::require_emu_bits("mmvq_experts Q3_K down, 2 blocks per SM", y, want_d);
     double us = graph_us(
         [&](int i, cudaStream_t st) {
           cuda::mmvq_experts(GgmlType::kQ2K, table(i), 2 * nsel, x_q8, false, y, inter, dim, 8, st);
