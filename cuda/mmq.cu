@@ -141,18 +141,19 @@ __device__ __forceinline__ void compute_round(const Item& m, int r, int nsb, con
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int wr = warp / kClassWarps, wc = warp % kClassWarps, g = lane / 4, c = lane % 4;
   const int nsb_r = nsb - kSbPerRound * r < kSbPerRound ? nsb - kSbPerRound * r : kSbPerRound;
-  const int64_t row_bytes = static_cast<int64_t>(nsb) * Q<kQ2K>::kBlock;
+  const uint32_t row_bytes = static_cast<uint32_t>(nsb) * Q<kQ2K>::kBlock;
   const uint8_t* act = st + Q<kQ2K>::kWeights;
-  int ph[kTiles][2];  // each row's phase: its round start's address mod 16
+  int ph[kTiles][2];  // each row's phase: its round start's address mod 16 (32-bit arithmetic
+                      // suffices: only the low 4 bits are used)
 #pragma unroll
   for (int tl = 0; tl < kTiles; ++tl)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = wr * 32 + tl * 16 + g + 8 * h;
-      const uintptr_t src = reinterpret_cast<uintptr_t>(m.w) +
-                            static_cast<uintptr_t>((m.row0 + row) * row_bytes) +
-                            static_cast<uintptr_t>(r * kSbPerRound * Q<kQ2K>::kBlock);
-      ph[tl][h] = row * Q<kQ2K>::kStride + static_cast<int>(src & 15);
+      const uint32_t src = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(m.w)) +
+                           static_cast<uint32_t>(m.row0 + row) * row_bytes +
+                           static_cast<uint32_t>(r * kSbPerRound * Q<kQ2K>::kBlock);
+      ph[tl][h] = row * Q<kQ2K>::kStride + static_cast<int>(src & 15u);
     }
 #pragma unroll
   for (int a = 0; a < kSbPerRound; ++a) {
@@ -173,9 +174,8 @@ __device__ __forceinline__ void compute_round(const Item& m, int r, int nsb, con
     for (int tl = 0; tl < kTiles; ++tl) {
       const RowSb r0 = row_sb<kQ2K>(st, ph[tl][0] + a * Q<kQ2K>::kBlock, wc, c);
       const RowSb r1 = row_sb<kQ2K>(st, ph[tl][1] + a * Q<kQ2K>::kBlock, wc, c);
-#pragma unroll
-      for (int bb = 0; bb < 2; ++bb)
-        unit_chain<kQ2K>(r0, r1, 2 * wc + bb, bb, b0[bb], b1[bb], d8[bb], acc[tl][a][bb]);
+      unit_chain<kQ2K, 0>(r0, r1, 2 * wc, b0[0], b1[0], d8[0], acc[tl][a][0]);
+      unit_chain<kQ2K, 1>(r0, r1, 2 * wc + 1, b0[1], b1[1], d8[1], acc[tl][a][1]);
     }
   }
 }
@@ -243,24 +243,30 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(MmqArgs p) {
   if (ng <= 0) return;
   const int nsb = static_cast<int>(p.K / kQK_K), rounds = (nsb + kSbPerRound - 1) / kSbPerRound;
   const int64_t items = (p.rows + kTileRows - 1) / kTileRows * ng * p.n_proj;
-  const int64_t mine = items > blockIdx.x ? (items - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  const int64_t steps = mine * rounds;
   float* xch = reinterpret_cast<float*>(smem + 2 * Q<kQ2K>::kStage);
   float acc[kTiles][4][2][4];
-  if (steps > 0) load_round<kQ2K, kCheck>(p, item_of(p, blockIdx.x, ng, g0), 0, nsb, smem);
-  for (int64_t s = 0; s < steps; ++s) {
-    const int64_t it = blockIdx.x + (s / rounds) * gridDim.x;
-    const int r = static_cast<int>(s % rounds);
-    const Item m = item_of(p, it, ng, g0);
-    if (s + 1 < steps) {
-      const int64_t it1 = blockIdx.x + ((s + 1) / rounds) * gridDim.x;
-      load_round<kQ2K, kCheck>(p, item_of(p, it1, ng, g0), static_cast<int>((s + 1) % rounds), nsb,
-                               smem + ((s + 1) % 2) * Q<kQ2K>::kStage);
-      asm volatile("cp.async.wait_group 1;");
-    } else {
-      asm volatile("cp.async.wait_group 0;");
+  // Items blockIdx.x, + gridDim.x, ...; each in `rounds` steps, the next step's round loaded
+  // while this one computes. The item is decoded once, when its first round is loaded.
+  int64_t it = blockIdx.x;
+  if (it >= items) return;
+  Item m = item_of(p, it, ng, g0);
+  load_round<kQ2K, kCheck>(p, m, 0, nsb, smem);
+  int r = 0, buf = 0;
+  for (;;) {
+    int r1 = r + 1;
+    int64_t it1 = it;
+    Item m1 = m;
+    if (r1 == rounds) {
+      r1 = 0;
+      it1 = it + gridDim.x;
+      if (it1 < items) m1 = item_of(p, it1, ng, g0);
     }
+    const bool more = it1 < items;
+    // One barrier per step: this step's round has landed (the only copy group in flight) and
+    // every warp has finished the previous step, whose buffer the next round then refills.
+    asm volatile("cp.async.wait_group 0;");
     __syncthreads();
+    if (more) load_round<kQ2K, kCheck>(p, m1, r1, nsb, smem + (buf ^ 1) * Q<kQ2K>::kStage);
     if (r == 0) {
 #pragma unroll
       for (int tl = 0; tl < kTiles; ++tl)
@@ -271,9 +277,13 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(MmqArgs p) {
 #pragma unroll
             for (int o = 0; o < 4; ++o) acc[tl][a][bb][o] = 0.0f;
     }
-    compute_round<kQ2K>(m, r, nsb, smem + (s % 2) * Q<kQ2K>::kStage, acc);
+    compute_round<kQ2K>(m, r, nsb, smem + buf * Q<kQ2K>::kStage, acc);
     if (r == rounds - 1) finish_item<kCheck>(p, m, acc, xch);
-    __syncthreads();  // the buffer of step s is refilled by step s + 2's loads
+    if (!more) break;
+    m = m1;
+    r = r1;
+    it = it1;
+    buf ^= 1;
   }
 }
 

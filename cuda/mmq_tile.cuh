@@ -15,9 +15,11 @@
 // f16 scales (d, dmin, d8) widen by the hardware conversion: exact for every number; a NaN's
 // payload may differ from numfmt's rule, but these values only enter fma_rn / mul_rn, whose NaN
 // result is the canonical 0x7FFFFFFF on both sides (numerics.md "Conventions").
-// float(A), float(B): |A| < 2^22, so the float with bits 0x4B400000 + A is 1.5 * 2^23 + A
-// exactly and subtracting 1.5 * 2^23 gives A exactly (the same value as a conversion
-// instruction, at full rate).
+// float(A), float(B) by biased_float (cuda/device_util.cuh): the bias kBias enters as the mma's
+// accumulator input (Q2_K) or the first term of the scale products (Q3_K), so the conversion
+// costs one full-rate subtraction.
+// Q3_K rows sit at 2-byte aligned offsets in shared memory (110-byte blocks): each word is read
+// as two aligned words and a funnel shift fixed per (row, block), at immediate offsets.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -29,10 +31,11 @@
 
 namespace moecheck::cuda::mmq_tile {
 
-// D = A (16 x 32 u8, row) * B (32 x 8 s8, col), s32: exact.
+// D = C + A (16 x 32 u8, row) * B (32 x 8 s8, col), s32, every C entry c: exact (no wrap for
+// the operands here).
 __device__ __forceinline__ void mma_k32_u8s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-  d[0] = d[1] = d[2] = d[3] = 0;
+                                             uint32_t b1, int c) {
+  d[0] = d[1] = d[2] = d[3] = c;
   asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};"
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
@@ -52,15 +55,23 @@ __device__ __forceinline__ float f16_operand(uint16_t h) {
   return __half2float(__ushort_as_half(h));
 }
 
-// float(v) for |v| < 2^22, exact (see the header).
-__device__ __forceinline__ float exact_float(int v) {
-  return sub_rn(__int_as_float(0x4B400000 + v), 12582912.0f);
+// 0xFF in every byte whose bit 7 is set, else 0x00 (PTX prmt, sign-replicating selectors).
+__device__ __forceinline__ uint32_t byte_signs(uint32_t x) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, 0, 0xBA98;" : "=r"(r) : "r"(x));
+  return r;
 }
 
-// Four signed 3-bit quants x - 4 (x in [0, 7] per byte) as s8 bytes, without borrows between
-// bytes: (x + 0x80 - 4) ^ 0x80 per byte.
-__device__ __forceinline__ uint32_t q3_bytes(uint32_t x) {
-  return ((x | 0x80808080u) - 0x04040404u) ^ 0x80808080u;
+// Byte i of x as an integer 0..255.
+template <int kI>
+__device__ __forceinline__ int byte_of(uint32_t x) {
+  return static_cast<int>(__byte_perm(x, 0u, 0x4440u + kI));
+}
+
+// Byte i of x broadcast to all four bytes.
+template <int kI>
+__device__ __forceinline__ uint32_t byte_bcast(uint32_t x) {
+  return __byte_perm(x, 0u, 0x1111u * kI);
 }
 
 // One weight row's words of a super-block for the lane's bytes 4c (w[0]) and 16 + 4c (w[1])
@@ -70,7 +81,7 @@ struct RowSb {
   uint32_t q[2];  // quant bytes, all four bit pairs
   uint32_t h[2];  // Q3_K: high-bit bytes (bit b of byte l is unit b's)
   int sc[4];      // scales of sub-blocks 4 wc .. 4 wc + 3 (Q3_K: signed)
-  int mn[4];      // Q2_K mins of the same sub-blocks
+  uint32_t mn;    // Q2_K: the mins of the same sub-blocks, one per byte
   float d, dmin;
 };
 
@@ -85,29 +96,33 @@ __device__ __forceinline__ RowSb row_sb(const uint8_t* s, int blk, int wc, int c
     r.q[1] = *reinterpret_cast<const uint32_t*>(s + qo + 16);
     const uint32_t scw = *reinterpret_cast<const uint32_t*>(s + blk + 4 * wc);
     const uint32_t dd = *reinterpret_cast<const uint32_t*>(s + blk + 80);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      r.sc[i] = static_cast<int>((scw >> (8 * i)) & 0xF);
-      r.mn[i] = static_cast<int>((scw >> (8 * i + 4)) & 0xF);
-    }
+    const uint32_t lo = scw & 0x0F0F0F0Fu;
+    r.sc[0] = byte_of<0>(lo);
+    r.sc[1] = byte_of<1>(lo);
+    r.sc[2] = byte_of<2>(lo);
+    r.sc[3] = byte_of<3>(lo);
+    r.mn = (scw >> 4) & 0x0F0F0F0Fu;
     r.d = f16_operand(static_cast<uint16_t>(dd & 0xFFFF));
     r.dmin = f16_operand(static_cast<uint16_t>(dd >> 16));
     r.h[0] = r.h[1] = 0;
   } else {  // hmask[32] | qs[64] @32 | scales[12] @96 | d @108; blocks 2-byte aligned
-    r.h[0] = lds_u32(s, blk + 4 * c);
-    r.h[1] = lds_u32(s, blk + 16 + 4 * c);
-    const int qo = blk + 32 + 32 * (wc >> 1) + 4 * c;
-    r.q[0] = lds_u32(s, qo);
-    r.q[1] = lds_u32(s, qo + 16);
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(s + (blk & ~3));
+    const int fs = 8 * (blk & 3);  // 0 or 16, fixed for the row's block
+    const auto word = [&](int i) { return __funnelshift_r(w[i], w[i + 1], fs); };
+    r.h[0] = word(c);
+    r.h[1] = word(4 + c);
+    r.q[0] = word(8 + 8 * (wc >> 1) + c);
+    r.q[1] = word(12 + 8 * (wc >> 1) + c);
     // Sub-block j = 4 wc + i: low nibble in scales[j & 7] >> 4 (j >> 3), high pair in
-    // scales[8 + (j & 3)] >> 2 (j >> 2).
-    const uint32_t lo = lds_u32(s, blk + 96 + 4 * (wc & 1)) >> (4 * (wc >> 1));
-    const uint32_t hi = lds_u32(s, blk + 104) >> (2 * wc);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      r.sc[i] = static_cast<int>(((lo >> (8 * i)) & 0xF) | (((hi >> (8 * i)) & 3) << 4)) - 32;
-      r.mn[i] = 0;
-    }
+    // scales[8 + (j & 3)] >> 2 (j >> 2); packed as s + 32 per byte.
+    const uint32_t lo = word(24 + (wc & 1)) >> (4 * (wc >> 1));
+    const uint32_t hi = word(26) >> (2 * wc);
+    const uint32_t sp = (lo & 0x0F0F0F0Fu) | ((hi << 4) & 0x30303030u);
+    r.sc[0] = byte_of<0>(sp) - 32;
+    r.sc[1] = byte_of<1>(sp) - 32;
+    r.sc[2] = byte_of<2>(sp) - 32;
+    r.sc[3] = byte_of<3>(sp) - 32;
+    r.mn = 0;
     r.d = f16_operand(lds_u16(s, blk + 108));
     r.dmin = 0.0f;
   }
@@ -117,10 +132,9 @@ __device__ __forceinline__ RowSb row_sb(const uint8_t* s, int blk, int wc, int c
 // Unit b = 2 wc + bb of rows r0 (g) and r1 (g + 8) against the token columns of B (b0, b1), its
 // float part chained into acc[4] (D order: (g, 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1));
 // d8[2] are the activation scales of token columns 2c, 2c + 1 for this unit.
-template <bool kQ2K>
-__device__ __forceinline__ void unit_chain(const RowSb& r0, const RowSb& r1, int b, int bb,
-                                           uint32_t b0, uint32_t b1, const float (&d8)[2],
-                                           float (&acc)[4]) {
+template <bool kQ2K, int kBb>
+__device__ __forceinline__ void unit_chain(const RowSb& r0, const RowSb& r1, int b, uint32_t b0,
+                                           uint32_t b1, const float (&d8)[2], float (&acc)[4]) {
   const int sh = 2 * (b & 3);
   const RowSb* rr[2] = {&r0, &r1};
   if constexpr (kQ2K) {
@@ -128,27 +142,27 @@ __device__ __forceinline__ void unit_chain(const RowSb& r0, const RowSb& r1, int
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // i: bit 0 the row (g, g + 8), bit 1 the half
       const RowSb& r = *rr[i & 1];
-      const int j = 2 * bb + (i >> 1);
-      a[i] = ((r.q[i >> 1] >> sh) & 0x03030303u) * static_cast<uint32_t>(r.sc[j]);
-      am[i] = 0x01010101u * static_cast<uint32_t>(r.mn[j]);
+      a[i] = ((r.q[i >> 1] >> sh) & 0x03030303u) * static_cast<uint32_t>(r.sc[2 * kBb + (i >> 1)]);
+      am[i] = (i >> 1) == 0 ? byte_bcast<2 * kBb>(r.mn) : byte_bcast<2 * kBb + 1>(r.mn);
     }
-    int dA[4], dB[4];
-    mma_k32_u8s8(dA, a, b0, b1);
-    mma_k32_u8s8(dB, am, b0, b1);
+    int dA[4], dB[4];  // A + kBias, B + kBias
+    mma_k32_u8s8(dA, a, b0, b1, kBias);
+    mma_k32_u8s8(dB, am, b0, b1, kBias);
 #pragma unroll
     for (int o = 0; o < 4; ++o) {
       const RowSb& r = *rr[o >> 1];
-      const float t = fma_rn(r.d, exact_float(dA[o]), -mul_rn(r.dmin, exact_float(dB[o])));
+      const float t = fma_rn(r.d, biased_float(dA[o]), -mul_rn(r.dmin, biased_float(dB[o])));
       acc[o] = fma_rn(d8[o & 1], t, acc[o]);
     }
   } else {
     uint32_t a[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
+      // The signed quant low - 4 + 4 high as an s8 byte: the low pair when the high bit is set,
+      // else the low pair with bits 2..7 set (low - 4).
       const RowSb& r = *rr[i & 1];
-      const uint32_t x =
-          ((r.q[i >> 1] >> sh) & 0x03030303u) | (((r.h[i >> 1] >> b) & 0x01010101u) << 2);
-      a[i] = q3_bytes(x);
+      const uint32_t hs = byte_signs(r.h[i >> 1] << (7 - b));
+      a[i] = ((r.q[i >> 1] >> sh) & 0x03030303u) | (~hs & 0xFCFCFCFCu);
     }
     int p0[4], p1[4];
     mma_k16_s8s8(p0, a[0], a[1], b0);
@@ -156,8 +170,8 @@ __device__ __forceinline__ void unit_chain(const RowSb& r0, const RowSb& r1, int
 #pragma unroll
     for (int o = 0; o < 4; ++o) {
       const RowSb& r = *rr[o >> 1];
-      const int A = r.sc[2 * bb] * p0[o] + r.sc[2 * bb + 1] * p1[o];
-      acc[o] = fma_rn(d8[o & 1], mul_rn(r.d, exact_float(A)), acc[o]);
+      const int A = r.sc[2 * kBb] * p0[o] + (r.sc[2 * kBb + 1] * p1[o] + kBias);  // A + kBias
+      acc[o] = fma_rn(d8[o & 1], mul_rn(r.d, biased_float(A)), acc[o]);
     }
   }
 }
