@@ -181,11 +181,16 @@ __device__ __forceinline__ void row_pair(const MmvqParams& p, const uint8_t* sme
 // unit is decoded once (pos_weights) and feeds every token; each token's activation load feeds
 // both rows. The 2 n lane chains are the contract's, unchanged. The tail (units % 32 = r, 0 < r
 // <= 16) as in row_pair: lanes r..2r-1 compute the second row's t of each token and shuffle it
-// to its owning lane.
-template <GgmlType kType, bool kAligned4, int kMaxN>
+// to its owning lane. kExact > 0: the group holds exactly kExact tokens (n is ignored), so the
+// token loop has no guards and the compiler interleaves the tokens' chains; 0: n tokens, each
+// step guarded.
+template <GgmlType kType, bool kAligned4, int kMaxN, int kExact = 0>
 __device__ __forceinline__ void row_pair_n(const MmvqParams& p, const uint8_t* smem,
                                            const uint8_t* buf, const ActLayout& L, int row_off,
-                                           int n, int64_t group, int64_t row) {
+                                           int n_runtime, int64_t group, int64_t row) {
+  static_assert(kExact >= 0 && kExact <= kMaxN, "kExact tokens of at most kMaxN");
+  constexpr int kN = kExact > 0 ? kExact : kMaxN;  // chains kept per row
+  const int n = kExact > 0 ? kExact : n_runtime;
   constexpr int kBB = kType == GgmlType::kQ2K ? 84 : 110;
   constexpr int kStep = kWarpSize / kQ8PerSuperBlock * kBB;  // bytes per 32 units
   const int lane = threadIdx.x % kWarpSize;
@@ -197,9 +202,9 @@ __device__ __forceinline__ void row_pair_n(const MmvqParams& p, const uint8_t* s
   const int hi = n * units;  // act_q[hi + ai]: values 16-31 of (token, unit) ai
   const int tail = units % kWarpSize;
   const int split = tail <= kWarpSize / 2 ? units - tail : units;
-  float acc0[kMaxN], acc1[kMaxN];
+  float acc0[kN], acc1[kN];
 #pragma unroll
-  for (int i = 0; i < kMaxN; ++i) acc0[i] = acc1[i] = 0.0f;
+  for (int i = 0; i < kN; ++i) acc0[i] = acc1[i] = 0.0f;
   {
     const UnitPos u = unit_pos<kType>(lane & (kQ8PerSuperBlock - 1));
     int blk = row_off + (lane / kQ8PerSuperBlock) * kBB;
@@ -210,8 +215,8 @@ __device__ __forceinline__ void row_pair_n(const MmvqParams& p, const uint8_t* s
       const PosWeights w0 = pos_weights<kType, kAligned4>(buf, blk, wb, fs0, u);
       const PosWeights w1 = pos_weights<kType, kAligned4>(buf, blk + rb, wb + wb1, fs1, u);
 #pragma unroll
-      for (int i = 0; i < kMaxN; ++i) {
-        if (i < n) {
+      for (int i = 0; i < kN; ++i) {
+        if (kExact > 0 || i < n) {
           const int ai = i * units + g;
           const uint4 x0 = act_q[ai], x1 = act_q[hi + ai];
           int aq[8];
@@ -236,8 +241,8 @@ __device__ __forceinline__ void row_pair_n(const MmvqParams& p, const uint8_t* s
       w = pos_weights<kType, kAligned4>(buf, blk, blk & ~3, 8 * (blk & 3), u);
     }
 #pragma unroll
-    for (int i = 0; i < kMaxN; ++i) {
-      if (i < n) {  // warp-uniform
+    for (int i = 0; i < kN; ++i) {
+      if (kExact > 0 || i < n) {  // warp-uniform
         const int ai = i * units + g;
         float t = 0.0f;
         if (active) {
@@ -257,8 +262,8 @@ __device__ __forceinline__ void row_pair_n(const MmvqParams& p, const uint8_t* s
     }
   }
 #pragma unroll
-  for (int i = 0; i < kMaxN; ++i) {
-    if (i < n) {
+  for (int i = 0; i < kN; ++i) {
+    if (kExact > 0 || i < n) {
       const float v0 = warp_butterfly(acc0[i]);
       const float v1 = warp_butterfly(acc1[i]);
       if (lane == 0) {
