@@ -20,7 +20,8 @@ inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 // Exact int -> float at full rate: for |v| < 2^22 the float with bits v + kBias is 1.5 * 2^23 + v
 // exactly, and subtracting 1.5 * 2^23 (exact) gives float(v), the value of a conversion
 // instruction (whose rate is a fraction of an add's). Callers fold kBias into an integer sum
-// they form anyway (a dp2a's or an mma's accumulator input).
+// they form anyway (cuda/mmq_tile.cuh: an mma's accumulator input, or the first term of the
+// scale products).
 constexpr int kBias = 0x4B400000;
 __device__ __forceinline__ float biased_float(int v_plus_bias) {
   return sub_rn(__int_as_float(v_plus_bias), 12582912.0f);

@@ -51,31 +51,16 @@ __device__ __forceinline__ void warp_rows(const MmvqParams& p, const uint8_t* sm
   } else if constexpr (kN > 1) {
     if (n <= 0) return;
     if (kR == 2 && two) {
-      // Each token count its own code (warp-uniform switch): no guards between the tokens.
-      if constexpr (kN == kMaxGroupRows) {
-        switch (n) {
-          case 2:
-            row_pair_n<kType, kAligned4, kN, 2>(p, smem, buf, L, row_off, n, group, row);
-            break;
-          case 3:
-            row_pair_n<kType, kAligned4, kN, 3>(p, smem, buf, L, row_off, n, group, row);
-            break;
-          case 4:
-            row_pair_n<kType, kAligned4, kN, 4>(p, smem, buf, L, row_off, n, group, row);
-            break;
-          case 5:
-            row_pair_n<kType, kAligned4, kN, 5>(p, smem, buf, L, row_off, n, group, row);
-            break;
-          case 6:
-            row_pair_n<kType, kAligned4, kN, 6>(p, smem, buf, L, row_off, n, group, row);
-            break;
-          case 7:
-            row_pair_n<kType, kAligned4, kN, 7>(p, smem, buf, L, row_off, n, group, row);
-            break;
-          default: row_pair_n<kType, kAligned4, kN, 8>(p, smem, buf, L, row_off, n, group, row);
-        }
-      } else {
-        row_pair_n<kType, kAligned4, kN>(p, smem, buf, L, row_off, n, group, row);
+      // Each token count its own code (a warp-uniform switch): no guards between the tokens.
+      static_assert(kN == kMaxGroupRows, "groups of 2 .. kMaxGroupRows tokens");
+      switch (n) {
+        case 2: row_pair_n<kType, kAligned4, 2>(p, smem, buf, L, row_off, group, row); break;
+        case 3: row_pair_n<kType, kAligned4, 3>(p, smem, buf, L, row_off, group, row); break;
+        case 4: row_pair_n<kType, kAligned4, 4>(p, smem, buf, L, row_off, group, row); break;
+        case 5: row_pair_n<kType, kAligned4, 5>(p, smem, buf, L, row_off, group, row); break;
+        case 6: row_pair_n<kType, kAligned4, 6>(p, smem, buf, L, row_off, group, row); break;
+        case 7: row_pair_n<kType, kAligned4, 7>(p, smem, buf, L, row_off, group, row); break;
+        default: row_pair_n<kType, kAligned4, kN>(p, smem, buf, L, row_off, group, row);
       }
     } else {
       row_dot<kType, kAligned4, kN>(p, smem, buf, L, row_off, n, group, row);

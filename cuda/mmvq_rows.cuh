@@ -181,16 +181,14 @@ __device__ __forceinline__ void row_pair(const MmvqParams& p, const uint8_t* sme
 // unit is decoded once (pos_weights) and feeds every token; each token's activation load feeds
 // both rows. The 2 n lane chains are the contract's, unchanged. The tail (units % 32 = r, 0 < r
 // <= 16) as in row_pair: lanes r..2r-1 compute the second row's t of each token and shuffle it
-// to its owning lane. kExact > 0: the group holds exactly kExact tokens (n is ignored), so the
-// token loop has no guards and the compiler interleaves the tokens' chains; 0: n tokens, each
-// step guarded.
-template <GgmlType kType, bool kAligned4, int kMaxN, int kExact = 0>
+// to its owning lane. The group holds exactly kN tokens: each count has its own code, so the
+// token loop has no guards and the compiler interleaves the tokens' chains (cuda/mmvq.cu's
+// warp_rows picks the count).
+template <GgmlType kType, bool kAligned4, int kN>
 __device__ __forceinline__ void row_pair_n(const MmvqParams& p, const uint8_t* smem,
                                            const uint8_t* buf, const ActLayout& L, int row_off,
-                                           int n_runtime, int64_t group, int64_t row) {
-  static_assert(kExact >= 0 && kExact <= kMaxN, "kExact tokens of at most kMaxN");
-  constexpr int kN = kExact > 0 ? kExact : kMaxN;  // chains kept per row
-  const int n = kExact > 0 ? kExact : n_runtime;
+                                           int64_t group, int64_t row) {
+  constexpr int n = kN;  // tokens
   constexpr int kBB = kType == GgmlType::kQ2K ? 84 : 110;
   constexpr int kStep = kWarpSize / kQ8PerSuperBlock * kBB;  // bytes per 32 units
   const int lane = threadIdx.x % kWarpSize;
@@ -216,17 +214,15 @@ __device__ __forceinline__ void row_pair_n(const MmvqParams& p, const uint8_t* s
       const PosWeights w1 = pos_weights<kType, kAligned4>(buf, blk + rb, wb + wb1, fs1, u);
 #pragma unroll
       for (int i = 0; i < kN; ++i) {
-        if (kExact > 0 || i < n) {
-          const int ai = i * units + g;
-          const uint4 x0 = act_q[ai], x1 = act_q[hi + ai];
-          int aq[8];
-          act_words(x0, x1, aq);
-          const int2 hs = act_s[ai];
-          const int hs16 = static_cast<int>(__byte_perm(hs.x, hs.y, 0x5410));
-          const float d8 = act_d[ai];
-          acc0[i] = fma_rn(d8, pos_dot<kType>(w0, u, aq, hs, hs16), acc0[i]);
-          acc1[i] = fma_rn(d8, pos_dot<kType>(w1, u, aq, hs, hs16), acc1[i]);
-        }
+        const int ai = i * units + g;
+        const uint4 x0 = act_q[ai], x1 = act_q[hi + ai];
+        int aq[8];
+        act_words(x0, x1, aq);
+        const int2 hs = act_s[ai];
+        const int hs16 = static_cast<int>(__byte_perm(hs.x, hs.y, 0x5410));
+        const float d8 = act_d[ai];
+        acc0[i] = fma_rn(d8, pos_dot<kType>(w0, u, aq, hs, hs16), acc0[i]);
+        acc1[i] = fma_rn(d8, pos_dot<kType>(w1, u, aq, hs, hs16), acc1[i]);
       }
     }
   }
@@ -242,35 +238,31 @@ __device__ __forceinline__ void row_pair_n(const MmvqParams& p, const uint8_t* s
     }
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
-      if (kExact > 0 || i < n) {  // warp-uniform
-        const int ai = i * units + g;
-        float t = 0.0f;
-        if (active) {
-          const uint4 x0 = act_q[ai], x1 = act_q[hi + ai];
-          int aq[8];
-          act_words(x0, x1, aq);
-          const int2 hs = act_s[ai];
-          t = pos_dot<kType>(w, u, aq, hs, static_cast<int>(__byte_perm(hs.x, hs.y, 0x5410)));
-        }
-        const float t1 = __shfl_down_sync(0xFFFFFFFFu, t, tail);
-        if (lane < tail) {
-          const float d8 = act_d[ai];
-          acc0[i] = fma_rn(d8, t, acc0[i]);
-          acc1[i] = fma_rn(d8, t1, acc1[i]);
-        }
+      const int ai = i * units + g;
+      float t = 0.0f;
+      if (active) {
+        const uint4 x0 = act_q[ai], x1 = act_q[hi + ai];
+        int aq[8];
+        act_words(x0, x1, aq);
+        const int2 hs = act_s[ai];
+        t = pos_dot<kType>(w, u, aq, hs, static_cast<int>(__byte_perm(hs.x, hs.y, 0x5410)));
+      }
+      const float t1 = __shfl_down_sync(0xFFFFFFFFu, t, tail);
+      if (lane < tail) {
+        const float d8 = act_d[ai];
+        acc0[i] = fma_rn(d8, t, acc0[i]);
+        acc1[i] = fma_rn(d8, t1, acc1[i]);
       }
     }
   }
 #pragma unroll
   for (int i = 0; i < kN; ++i) {
-    if (kExact > 0 || i < n) {
-      const float v0 = warp_butterfly(acc0[i]);
-      const float v1 = warp_butterfly(acc1[i]);
-      if (lane == 0) {
-        float* y = p.y + static_cast<int64_t>(out_row(p, group, i)) * p.rows + row;
-        y[0] = v0;
-        y[1] = v1;
-      }
+    const float v0 = warp_butterfly(acc0[i]);
+    const float v1 = warp_butterfly(acc1[i]);
+    if (lane == 0) {
+      float* y = p.y + static_cast<int64_t>(out_row(p, group, i)) * p.rows + row;
+      y[0] = v0;
+      y[1] = v1;
     }
   }
 }
