@@ -52,9 +52,14 @@ void mmvq_experts(GgmlType t, const uint8_t* const* expert_w, int64_t n, const B
                   bool a_per_expert, float* y, int64_t rows, int64_t K, int warps, void* stream);
 // The layer's form (emu::mmvq_groups): n_groups DEVICE groups against the DEVICE slot table;
 // max_n (1..8) bounds every group's n and sizes the shared memory (a larger group traps).
+// layer_tokens (both groups forms): the forward's token count when the caller knows it, 0 when
+// not. The streamed engine takes a groups launch only when it is 0 or at most kMaxGroupRows (a
+// layer of up to 8 tokens, whose groups mostly hold one: it streams a group's rows once per
+// token); larger layers' groups take the dp4a kernel, which shares a row's decode among its
+// tokens. No bit depends on it.
 void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups, int64_t n_groups,
                  int max_n, const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
-                 void* stream);
+                 void* stream, int64_t layer_tokens = 0);
 
 // The layer's form with the plan built on the device (route_plan): projection j's groups are
 // stored at groups + j * proj_stride (proj_stride = the plan's capacity per projection), their
@@ -63,7 +68,7 @@ void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* group
 void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups,
                          const int32_t* count, int n_proj, int64_t proj_stride, int max_n,
                          const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
-                         void* stream);
+                         void* stream, int64_t layer_tokens = 0);
 
 // ---- mmq (cuda/mmq.cu): the batched form, for experts with more rows than one group ----
 // The same bits as mmvq_groups on the same groups (docs/numerics.md "mmvq_q2k, mmvq_q3k"),
@@ -86,16 +91,26 @@ void mmq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGroup
                         const int32_t* counts, int n_proj, int64_t proj_stride, const BlockQ8_1* a,
                         float* y, int64_t rows, int64_t K, void* stream);
 
-// The MMVQ engines (docs/performance.md "GPU"). kDp4a (the default): the dp4a kernel of
-// cuda/mmvq.cu for every launch. kTensorCore: the tensor-core engine (cuda/mmvq_tc.cu) for every
-// launch whose groups hold one token (K <= 16384), the dp4a kernel otherwise; measured slower than
-// kDp4a on the H200 (docs/performance.md), kept as a tested alternative. No bit depends on the
-// engine, tc_stages (4 or 6 tile stages per block; 0 = the default) or tc_mode 0 (bulk copies)
-// / 1 (16-byte cp.async). tc_mode 2 and 3 are diagnostics for benchmarks only: the copies alone,
-// no arithmetic, no output. Process-wide, for benchmarks and tests; not thread-safe.
-enum class MmvqEngine { kDp4a, kTensorCore };
+// The MMVQ engines (docs/performance.md "GPU"). kStreamed (the default): the streamed engine
+// (cuda/mmvq_sb.cu: a thread per row and super-block class, weight rows streamed into per-warp
+// rings by bulk copies, one pass per (group, token)) for every launch whose K fits its shared
+// memory (about 29 000) and whose groups hold at most max_tokens tokens (below): the plain form
+// at T = 1, mmvq_experts, and the groups forms of layers of up to 8 tokens (layer_tokens above);
+// the dp4a kernel of cuda/mmvq.cu otherwise. kDp4a: the dp4a kernel for
+// every launch. kTensorCore: the tensor-core engine (cuda/mmvq_tc.cu) for every launch whose
+// groups hold one token (K <= 16384), the dp4a kernel otherwise; measured slower than kDp4a on the
+// H200 (docs/performance.md), kept as a tested alternative. No bit depends on the engine,
+// tc_stages (4 or 6 tile stages per block; 0 = the default) or tc_mode 0 (bulk copies) / 1
+// (16-byte cp.async). tc_mode 2 and 3 are diagnostics for benchmarks only: the copies alone, no
+// arithmetic, no output. Process-wide, for benchmarks and tests; not thread-safe.
+enum class MmvqEngine { kDp4a, kTensorCore, kStreamed };
 void set_mmvq_engine(MmvqEngine e, int tc_stages = 0, int tc_mode = 0);
 MmvqEngine mmvq_engine();
+// The streamed engine's shape: warps per block (4, 8, 12 or 16), ring stages per warp (2..8)
+// and the largest group (tokens, 1..8) it takes; 0 for the defaults (16 warps, 3 stages, fewer
+// where shared memory is short; groups up to 8 tokens). No bit depends on it. Process-wide, for
+// benchmarks and tests; not thread-safe.
+void set_mmvq_stream_shape(int warps, int stages, int max_tokens = 0);
 // Caps the dp4a kernel's persistent grid at `cap` blocks per multiprocessor (0: as many as fit),
 // leaving room for a concurrent kernel (the shared expert on the side stream). No bit depends on
 // it. Process-wide, for benchmarks; not thread-safe.

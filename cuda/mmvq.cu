@@ -10,8 +10,9 @@
 // row w, where the doubled tiles do not fit): lane l takes units g = l, l + 32, ... (exact dp4a
 // integer parts, the float part of numerics.md), then the butterfly. Row routines:
 // cuda/mmvq_rows.cuh. Loads never change
-// the arithmetic. With cuda::MmvqEngine::kTensorCore, one-token launches go to cuda/mmvq_tc.cu
-// instead (same bits). Performance: docs/performance.md "GPU".
+// the arithmetic. One-token launches and the groups of layers of up to 8 tokens go to the
+// streamed engine of cuda/mmvq_sb.cu by default (cuda::MmvqEngine::kStreamed), or with kTensorCore
+// one-token launches to cuda/mmvq_tc.cu (same bits). Performance: docs/performance.md "GPU".
 #include <cuda_pipeline.h>
 
 #include <string>
@@ -21,6 +22,7 @@
 #include "cuda/device_util.cuh"
 #include "cuda/kernels.h"
 #include "cuda/mmvq_rows.cuh"
+#include "cuda/mmvq_sb.cuh"
 #include "cuda/mmvq_tc.cuh"
 #include "cuda/mmvq_tiles.cuh"
 #include "cuda/mmvq_units.cuh"
@@ -28,8 +30,9 @@
 namespace moecheck::cuda {
 namespace {
 
-MmvqEngine g_engine = MmvqEngine::kDp4a;
+MmvqEngine g_engine = MmvqEngine::kStreamed;
 int g_tc_stages = 0, g_tc_mode = 0;
+int g_sb_warps = 0, g_sb_stages = 0, g_sb_max_n = kMaxGroupRows;
 int g_blocks_per_sm = 0;
 int g_rows_per_warp = 0;
 
@@ -221,7 +224,7 @@ void launch_type(const MmvqParams& p, int warps, void* stream) {
 }
 
 void launch(MmvqParams p, GgmlType t, int64_t n_groups, int max_n, int warps, const char* op,
-            void* stream) {
+            void* stream, bool streamed_ok = true) {
   const std::string where = std::string("cuda::") + op + ": ";
   if (t != GgmlType::kQ2K && t != GgmlType::kQ3K)
     throw InputError(where + "weight type must be Q2_K (10) or Q3_K (11), found " +
@@ -249,6 +252,11 @@ void launch(MmvqParams p, GgmlType t, int64_t n_groups, int max_n, int warps, co
   p.n_groups = n_groups;
   require_aligned(p.a, 4, op, "a");
   require_aligned(p.y, 4, op, "y");
+  if (g_engine == MmvqEngine::kStreamed && streamed_ok && max_n <= g_sb_max_n &&
+      mmvq_sb::supported(p, t)) {
+    mmvq_sb::launch(p, t, g_sb_warps, g_sb_stages, stream);
+    return;
+  }
   if (g_engine == MmvqEngine::kTensorCore && mmvq_tc::supported(t, p.K, max_n)) {
     mmvq_tc::launch(p, t, g_tc_stages, g_tc_mode, stream);
     return;
@@ -273,6 +281,20 @@ void set_mmvq_engine(MmvqEngine e, int tc_stages, int tc_mode) {
 
 MmvqEngine mmvq_engine() { return g_engine; }
 
+void set_mmvq_stream_shape(int warps, int stages, int max_tokens) {
+  if ((warps != 0 && warps != 4 && warps != 8 && warps != 12 && warps != 16) ||
+      (stages != 0 && (stages < 2 || stages > 8)) || max_tokens < 0 || max_tokens > kMaxGroupRows)
+    throw InputError(
+        "cuda::set_mmvq_stream_shape: need warps 0, 4, 8, 12 or 16, stages 0 or 2..8 and "
+        "max_tokens 0..8, "
+        "found warps=" +
+        std::to_string(warps) + " stages=" + std::to_string(stages) +
+        " max_tokens=" + std::to_string(max_tokens));
+  g_sb_warps = warps;
+  g_sb_stages = stages;
+  g_sb_max_n = max_tokens == 0 ? kMaxGroupRows : max_tokens;
+}
+
 void set_mmvq_rows_per_warp(int r) {
   if (r != 0 && r != 1)
     throw InputError("cuda::set_mmvq_rows_per_warp: r must be 0 (two where they fit) or 1, found " +
@@ -291,8 +313,9 @@ void mmvq(GgmlType t, const uint8_t* w, const BlockQ8_1* a, float* y, int64_t ro
   if (T < 0) throw InputError("cuda::mmvq: T must be >= 0, found " + std::to_string(T));
   require_aligned(w, 2, "mmvq", "w");
   MmvqParams p{Form::kPlain, w, nullptr, nullptr, a, false, y, rows, K, T, 0, 0, 0};
+  // The streamed engine at one token: a group of several streams the rows once per token.
   launch(p, t, (T + kMaxGroupRows - 1) / kMaxGroupRows,
-         static_cast<int>(T < kMaxGroupRows ? T : kMaxGroupRows), warps, "mmvq", stream);
+         static_cast<int>(T < kMaxGroupRows ? T : kMaxGroupRows), warps, "mmvq", stream, T == 1);
 }
 
 void mmvq_experts(GgmlType t, const uint8_t* const* expert_w, int64_t n, const BlockQ8_1* a,
@@ -305,19 +328,19 @@ void mmvq_experts(GgmlType t, const uint8_t* const* expert_w, int64_t n, const B
 
 void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups, int64_t n_groups,
                  int max_n, const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
-                 void* stream) {
+                 void* stream, int64_t layer_tokens) {
   if (n_groups > 0) {
     require_aligned(slots, 8, "mmvq_groups", "slots (pointer table)");
     require_aligned(groups, 4, "mmvq_groups", "groups");
   }
   MmvqParams p{Form::kGroups, nullptr, slots, groups, a, false, y, rows, K, 0, 0, 0, 0};
-  launch(p, t, n_groups, max_n, warps, "mmvq_groups", stream);
+  launch(p, t, n_groups, max_n, warps, "mmvq_groups", stream, layer_tokens <= kMaxGroupRows);
 }
 
 void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups,
                          const int32_t* count, int n_proj, int64_t proj_stride, int max_n,
                          const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
-                         void* stream) {
+                         void* stream, int64_t layer_tokens) {
   if (n_proj < 1 || proj_stride < 0)
     throw InputError("cuda::mmvq_groups_planned: need n_proj >= 1 and proj_stride >= 0, found " +
                      std::to_string(n_proj) + ", " + std::to_string(proj_stride));
@@ -330,7 +353,8 @@ void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGrou
   p.dev_count = count;
   p.proj_stride = proj_stride;
   p.n_proj = n_proj;
-  launch(p, t, n_proj * proj_stride, max_n, warps, "mmvq_groups_planned", stream);
+  launch(p, t, n_proj * proj_stride, max_n, warps, "mmvq_groups_planned", stream,
+         layer_tokens <= kMaxGroupRows);
 }
 
 }  // namespace moecheck::cuda

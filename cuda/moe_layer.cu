@@ -271,13 +271,13 @@ void MoeLayer::Impl::routed_gate_up(const LayerPlan& p, const uint8_t* const* sl
   const BlockQ8_1* xq = x_q8.as<BlockQ8_1>();
   if (w.gate_exps.type == w.up_exps.type && ns == n) {
     mmvq_groups(w.gate_exps.type, slots, groups, 2 * n, max_n, xq, gu.as<float>(), c.inter, c.dim,
-                ew, main);
+                ew, main, p.tokens);
     return;
   }
   mmvq_groups(w.gate_exps.type, slots, groups, ns, max_n, xq, gu.as<float>(), c.inter, c.dim, ew,
-              main);
+              main, p.tokens);
   mmvq_groups(w.up_exps.type, slots, groups + n, ns, max_n, xq, gu.as<float>(), c.inter, c.dim, ew,
-              main);
+              main, p.tokens);
   if (ns == n) return;
   if (w.gate_exps.type == w.up_exps.type) {
     mmq_groups(w.gate_exps.type, slots, groups + ns, n - ns, 2, n, xq, gu.as<float>(), c.inter,
@@ -302,7 +302,7 @@ void MoeLayer::Impl::routed(const LayerPlan& p, const PlanLayout& L) {
   swiglu_q8(gu.as<float>(), gu.as<float>() + P * c.inter, h.as<float>(), h_q8.as<BlockQ8_1>(), P,
             c.inter, c.swiglu_limit, main);
   mmvq_groups(w.down_exps.type, slots, groups + 2 * n, ns, p.max_group_rows, h_q8.as<BlockQ8_1>(),
-              down.as<float>(), c.dim, c.inter, o.expert_warps, main);
+              down.as<float>(), c.dim, c.inter, o.expert_warps, main, p.tokens);
   mmq_groups(w.down_exps.type, slots, groups + 2 * n + ns, n - ns, 1, n, h_q8.as<BlockQ8_1>(),
              down.as<float>(), c.dim, c.inter, main);
 }

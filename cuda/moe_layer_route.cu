@@ -110,7 +110,7 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked) {
   // MMVQ over the Gs groups counts[3] of each projection, MMQ over [Gs, G) (counts[1]).
   if (w.gate_exps.type == w.up_exps.type) {
     mmvq_groups_planned(w.gate_exps.type, slots, groups, counts + 3, 2, P, max_n, xq,
-                        gu.as<float>(), c.inter, c.dim, ew, main);
+                        gu.as<float>(), c.inter, c.dim, ew, main, T);
     if (T > o.mmvq_max_rows)
       mmq_groups_planned(w.gate_exps.type, slots, groups, counts, 2, P, xq, gu.as<float>(), c.inter,
                          c.dim, main);
@@ -118,7 +118,7 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked) {
     for (int j = 0; j < 2; ++j) {
       const GgmlType t = j == 0 ? w.gate_exps.type : w.up_exps.type;
       mmvq_groups_planned(t, slots, groups + j * P, counts + 3, 1, P, max_n, xq, gu.as<float>(),
-                          c.inter, c.dim, ew, main);
+                          c.inter, c.dim, ew, main, T);
       if (T > o.mmvq_max_rows)
         mmq_groups_planned(t, slots, groups + j * P, counts, 1, P, xq, gu.as<float>(), c.inter,
                            c.dim, main);
@@ -127,7 +127,7 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked) {
   swiglu_q8(gu.as<float>(), gu.as<float>() + P * c.inter, h.as<float>(), h_q8.as<BlockQ8_1>(), P,
             c.inter, c.swiglu_limit, main);
   mmvq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts + 3, 1, P, max_n,
-                      h_q8.as<BlockQ8_1>(), down.as<float>(), c.dim, c.inter, ew, main);
+                      h_q8.as<BlockQ8_1>(), down.as<float>(), c.dim, c.inter, ew, main, T);
   if (T > o.mmvq_max_rows)
     mmq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts, 1, P, h_q8.as<BlockQ8_1>(),
                        down.as<float>(), c.dim, c.inter, main);

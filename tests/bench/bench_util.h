@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -16,7 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "core/blocks.h"
 #include "cuda/check.h"
+#include "emulate/quantize_q8_1.h"
 
 namespace moecheck::bench {
 
@@ -94,6 +97,33 @@ inline void fill_random(void* p, size_t n, uint64_t seed) {
   fill_random_kernel<<<1024, 256>>>(static_cast<uint8_t*>(p), n, seed);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
   MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// rows x K values quantised to q8_1 blocks on the host (the emulation's rule, emu::quantize_q8_1)
+// and uploaded to dst ([rows, K / 32] blocks): real activations, whose d8 are finite, so that a
+// benchmark's bitwise check compares finite outputs (random bytes as blocks make about one d8 in
+// 32 a NaN or Inf, and with 160 blocks a row nearly every output NaN). Values are uniform in
+// (-1, 1) times a per-row scale between 2^-4 and 2^4.
+inline void fill_q8_1(BlockQ8_1* dst, int64_t rows, int64_t K, uint64_t seed) {
+  std::vector<float> x(static_cast<size_t>(rows * K));
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&z] {
+    z += 0x9E3779B97F4A7C15ull;
+    uint64_t v = z;
+    v = (v ^ (v >> 30)) * 0xBF58476D1CE4E5B9ull;
+    v = (v ^ (v >> 27)) * 0x94D049BB133111EBull;
+    return v ^ (v >> 31);
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(next() % 9) - 4);
+    for (int64_t i = 0; i < K; ++i)
+      x[static_cast<size_t>(r * K + i)] =
+          scale * (static_cast<float>(next() >> 40) / static_cast<float>(1 << 23) - 1.0f);
+  }
+  std::vector<BlockQ8_1> q(static_cast<size_t>(rows * K / 32));
+  emu::quantize_q8_1(x.data(), q.data(), rows, K);
+  MOECHECK_CUDA_CHECK(
+      cudaMemcpy(dst, q.data(), q.size() * sizeof(BlockQ8_1), cudaMemcpyHostToDevice));
 }
 
 // n elements of device memory on the host.

@@ -233,6 +233,17 @@ int main(int argc, char** argv) {
     cuda::LayerOptions lo;
     lo.route = RoutePlace::kDevice;
     gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph"));
+    // The routed MMVQs on the dp4a kernel (the engine before the streamed one), in two passes
+    // around a second pass of the default, for the spread.
+    for (int pass = 0; pass < 2 && !graph_only; ++pass) {
+      cuda::set_mmvq_engine(cuda::MmvqEngine::kDp4a);
+      gres.push_back(time_graph(w, lo, 1, copy,
+                                "device route, one graph, MMVQ dp4a kernel (before), pass " +
+                                    std::to_string(pass + 1)));
+      cuda::set_mmvq_engine(cuda::MmvqEngine::kStreamed);
+      if (pass == 0)
+        gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph (pass 2)"));
+    }
     if (!graph_only) {
       // Where the side stream's shared expert forks (LayerOptions::shared_fork_max_tokens):
       // after the router at one token (as before), at the input at 4 and 8 tokens.
@@ -278,6 +289,10 @@ int main(int argc, char** argv) {
       cuda::set_bf16_gemv_stream_shape(0, 0);
       cuda::set_mmvq_blocks_per_sm(0);
       gres.push_back(time_graph(w, lo, 8, copy, "device route, one graph, T=8"));
+      cuda::set_mmvq_engine(cuda::MmvqEngine::kDp4a);
+      gres.push_back(time_graph(w, lo, 8, copy,
+                                "device route, one graph, T=8, MMVQ dp4a kernel (before)"));
+      cuda::set_mmvq_engine(cuda::MmvqEngine::kStreamed);
       // Before two rows per warp reached groups of several tokens: one row per warp for every
       // launch whose groups may hold more than one token (all of them at T = 8).
       cuda::set_mmvq_rows_per_warp(1);

@@ -98,8 +98,8 @@ int main() {
   MOECHECK_CUDA_CHECK(cudaMalloc(&xq, kMaxRows * kDim / 32 * sizeof(BlockQ8_1)));
   MOECHECK_CUDA_CHECK(cudaMalloc(&hq, kExperts * kMaxRows * kInter / 32 * sizeof(BlockQ8_1)));
   MOECHECK_CUDA_CHECK(cudaMalloc(&y, 2 * kExperts * kMaxRows * kDim * sizeof(float)));
-  bench::fill_random(xq, kMaxRows * kDim / 32 * sizeof(BlockQ8_1), 12);
-  bench::fill_random(hq, kExperts * kMaxRows * kInter / 32 * sizeof(BlockQ8_1), 13);
+  bench::fill_q8_1(xq, kMaxRows, kDim, 12);
+  bench::fill_q8_1(hq, kExperts * kMaxRows, kInter, 13);
   MmvqGroup* d_groups = nullptr;
   MOECHECK_CUDA_CHECK(cudaMalloc(&d_groups, 4 * kExperts * kMaxRows * sizeof(MmvqGroup)));
 
@@ -128,11 +128,11 @@ int main() {
       emu::mmvq_groups(GgmlType::kQ3K, hs.data(), gr.down.data(), G, hh.data(), want_d.data(), kDim,
                        kInter);
       for (int k = 0; k < 3; ++k) {
-        const std::string tag = (k == 0   ? " mmvq n="
+        const std::string tag = (k == 0   ? " mmvq (streamed engine) n="
                                  : k == 1 ? " mmq n="
-                                          : " mmvq one row per warp n=") +
+                                          : " mmvq (dp4a kernel) n=") +
                                 std::to_string(n);
-        cuda::set_mmvq_rows_per_warp(k == 2 ? 1 : 0);
+        cuda::set_mmvq_engine(k == 2 ? cuda::MmvqEngine::kDp4a : cuda::MmvqEngine::kStreamed);
         MOECHECK_CUDA_CHECK(cudaMemset(y, 0, want_gu.size() * sizeof(float)));
         if (k != 1) {
           cuda::mmvq_groups(GgmlType::kQ2K, d_tab, dgu, 2 * G, 8, xq, y, kInter, kDim, 8, s);
@@ -146,7 +146,7 @@ int main() {
         MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
         bench::require_emu_bits("down Q3_K" + tag, y, want_d);
       }
-      cuda::set_mmvq_rows_per_warp(0);
+      cuda::set_mmvq_engine(cuda::MmvqEngine::kStreamed);
     }
     auto table = [&](int i) { return d_tab + (i % kSets) * 3 * kExperts; };
     const int reps = 2 * kSets;
@@ -155,33 +155,37 @@ int main() {
     auto add = [&](const std::string& what, double us, double bytes, double mac) {
       rows.push_back({what, n, us, bytes / us * 1e-3, bytes / us * 1e-3 / copy, mac / us * 1e-6});
     };
-    // MMVQ: rpw 0 (the default) and 1 (one row per warp); max_n 8 as the device route launches,
-    // and 1 where every group holds one token.
-    auto mmvq_gu = [&](int rpw, int max_n) {
-      cuda::set_mmvq_rows_per_warp(rpw);
+    // MMVQ: the streamed engine (the default) and the dp4a kernel; max_n 8 as the device route
+    // launches, and 1 where every group holds one token.
+    auto engine = [](int e) {
+      cuda::set_mmvq_engine(e == 1 ? cuda::MmvqEngine::kDp4a : cuda::MmvqEngine::kStreamed);
+    };
+    auto mmvq_gu = [&](int e, int max_n) {
+      engine(e);
       const double us = graph_us(
           [&](int i, cudaStream_t st) {
             cuda::mmvq_groups(GgmlType::kQ2K, table(i), dgu, 2 * G, max_n, xq, y, kInter, kDim, 8,
                               st);
           },
           reps, s, 2, 10);
-      cuda::set_mmvq_rows_per_warp(0);
+      engine(0);
       return us;
     };
-    auto mmvq_dn = [&](int rpw, int max_n) {
-      cuda::set_mmvq_rows_per_warp(rpw);
+    auto mmvq_dn = [&](int e, int max_n) {
+      engine(e);
       const double us = graph_us(
           [&](int i, cudaStream_t st) {
             cuda::mmvq_groups(GgmlType::kQ3K, table(i), ddn, G, max_n, hq, y, kDim, kInter, 8, st);
           },
           reps, s, 2, 10);
-      cuda::set_mmvq_rows_per_warp(0);
+      engine(0);
       return us;
     };
-    add("gate+up Q2_K, MMVQ (dp4a, 8 warps)", mmvq_gu(0, 8), gu_bytes, 2 * macs);
-    add("gate+up Q2_K, MMVQ one row per warp (before)", mmvq_gu(1, 8), gu_bytes, 2 * macs);
+    add("gate+up Q2_K, MMVQ (streamed engine)", mmvq_gu(0, 8), gu_bytes, 2 * macs);
+    add("gate+up Q2_K, MMVQ (dp4a kernel, 8 warps)", mmvq_gu(1, 8), gu_bytes, 2 * macs);
     if (n == 1)
-      add("gate+up Q2_K, MMVQ one-token launch (max_n 1)", mmvq_gu(0, 1), gu_bytes, 2 * macs);
+      add("gate+up Q2_K, MMVQ one-token launch (max_n 1), streamed", mmvq_gu(0, 1), gu_bytes,
+          2 * macs);
     add("gate+up Q2_K, MMQ",
         graph_us(
             [&](int i, cudaStream_t st) {
@@ -189,9 +193,10 @@ int main() {
             },
             reps, s, 2, 10),
         gu_bytes, 2 * macs);
-    add("down Q3_K, MMVQ (dp4a, 8 warps)", mmvq_dn(0, 8), d_bytes, macs);
-    add("down Q3_K, MMVQ one row per warp (before)", mmvq_dn(1, 8), d_bytes, macs);
-    if (n == 1) add("down Q3_K, MMVQ one-token launch (max_n 1)", mmvq_dn(0, 1), d_bytes, macs);
+    add("down Q3_K, MMVQ (streamed engine)", mmvq_dn(0, 8), d_bytes, macs);
+    add("down Q3_K, MMVQ (dp4a kernel, 8 warps)", mmvq_dn(1, 8), d_bytes, macs);
+    if (n == 1)
+      add("down Q3_K, MMVQ one-token launch (max_n 1), streamed", mmvq_dn(0, 1), d_bytes, macs);
     add("down Q3_K, MMQ",
         graph_us(
             [&](int i, cudaStream_t st) {

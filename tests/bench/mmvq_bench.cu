@@ -33,15 +33,20 @@ struct Row {
   double us, gbs, frac;
 };
 
-// The MMVQ engines timed side by side (cuda/kernels.h MmvqEngine): the dp4a kernel at 8 warps
-// (the previous default) and the tensor-core engine at 3 and 4 tile stages.
+// The MMVQ engines timed side by side (cuda/kernels.h MmvqEngine): the streamed engine (the
+// default) in several shapes, the dp4a kernel at 8 warps (the previous default) and the
+// tensor-core engine at 4 and 6 tile stages.
 struct Engine {
   const char* name;
   cuda::MmvqEngine e;
   int warps, stages, mode;
   bool diagnostic;  // copies only: not validated, no output (the copy pipeline's own rate)
+  int sb_warps = 0, sb_stages = 0;  // the streamed engine's shape (0: its default)
 };
 const Engine kEngines[] = {
+    {"streamed (default: 16 warps x 3 stages)", cuda::MmvqEngine::kStreamed, 8, 0, 0, false},
+    {"streamed, 16 warps x 2 stages", cuda::MmvqEngine::kStreamed, 8, 0, 0, false, 16, 2},
+    {"streamed, 12 warps x 4 stages", cuda::MmvqEngine::kStreamed, 8, 0, 0, false, 12, 4},
     {"dp4a, 8 warps", cuda::MmvqEngine::kDp4a, 8, 0, 0, false},
     {"tensor cores, bulk copies, 4 stages", cuda::MmvqEngine::kTensorCore, 8, 4, 0, false},
     {"tensor cores, bulk copies, 6 stages", cuda::MmvqEngine::kTensorCore, 8, 6, 0, false},
@@ -84,8 +89,8 @@ int main() {
   MOECHECK_CUDA_CHECK(cudaMalloc(&x_q8, dim / 32 * sizeof(BlockQ8_1)));
   MOECHECK_CUDA_CHECK(cudaMalloc(&h_q8, nsel * inter / 32 * sizeof(BlockQ8_1)));
   MOECHECK_CUDA_CHECK(cudaMalloc(&y, 2 * nsel * dim * sizeof(float)));
-  bench::fill_random(x_q8, dim / 32 * sizeof(BlockQ8_1), 3);
-  bench::fill_random(h_q8, nsel * inter / 32 * sizeof(BlockQ8_1), 4);
+  bench::fill_q8_1(x_q8, 1, dim, 3);
+  bench::fill_q8_1(h_q8, nsel, inter, 4);
 
   // Before any timing: set 0 of every MMVQ form, at every warp count, against the emulation
   // (want_gu, want_d also check the fixed-cost sweep's launches below).
@@ -105,6 +110,7 @@ int main() {
     for (const Engine& eng : kEngines) {
       if (eng.diagnostic) continue;
       cuda::set_mmvq_engine(eng.e, eng.stages, eng.mode);
+      cuda::set_mmvq_stream_shape(eng.sb_warps, eng.sb_stages);
       const int warps = eng.warps;
       const std::string w = std::string(" (") + eng.name + ")";
       cuda::mmvq_experts(GgmlType::kQ2K, d_tab, 2 * nsel, x_q8, false, y, inter, dim, warps, s);
@@ -122,6 +128,7 @@ int main() {
   auto table = [&](int i) { return d_tab + (i % sets) * 3 * nsel; };
   for (const Engine& eng : kEngines) {
     cuda::set_mmvq_engine(eng.e, eng.stages, eng.mode);
+    cuda::set_mmvq_stream_shape(eng.sb_warps, eng.sb_stages);
     const int warps = eng.warps;
     double us = graph_us(
         [&](int i, cudaStream_t st) {
@@ -150,12 +157,15 @@ int main() {
     rows.push_back({"mmvq_experts Q3_K down", "6 x [5120, 2304]", eng.name, us, b / us * 1e-3,
                     b / us * 1e-3 / copy});
   }
-  cuda::set_mmvq_engine(cuda::MmvqEngine::kDp4a);
-  // The one-token launch's fixed cost: the dp4a kernel over m = 2 .. 12 gate-shaped and 1 .. 6
-  // down matrices (each launch shape first checked on set 0 against the emulation); time = fixed +
-  // m x per matrix, fitted by least squares. Then the six-expert launches with the persistent
-  // grid capped at two blocks per SM (16 warps instead of 24).
-  {
+  cuda::set_mmvq_stream_shape(0, 0);
+  // The one-token launch's fixed cost: the streamed engine (the default) and the dp4a kernel over
+  // m = 2 .. 12 gate-shaped and 1 .. 6 down matrices (each launch shape first checked on set 0
+  // against the emulation); time = fixed + m x per matrix, fitted by least squares. Then the
+  // dp4a kernel's six-expert launches with its persistent grid capped at two blocks per SM (16
+  // warps instead of 24).
+  for (cuda::MmvqEngine fe : {cuda::MmvqEngine::kStreamed, cuda::MmvqEngine::kDp4a}) {
+    cuda::set_mmvq_engine(fe);
+    const char* en = fe == cuda::MmvqEngine::kStreamed ? "streamed" : "dp4a";
     auto fit = [&](const char* what, GgmlType t, int off, const std::vector<int>& ms, int64_t R,
                    int64_t K, const BlockQ8_1* a, bool per_expert, double bytes_each) {
       std::vector<double> xs, ys;
@@ -164,8 +174,9 @@ int main() {
         // Set 0's first m matrices: the emulation's first m R outputs, bit for bit.
         cuda::mmvq_experts(t, d_tab + off, m, a, per_expert, y, R, K, 8, s);
         MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-        bench::require_emu_bits(std::string(what) + ", " + std::to_string(m) + " matrices", y,
-                                std::vector<float>(want.begin(), want.begin() + m * R));
+        bench::require_emu_bits(
+            std::string(en) + " " + what + ", " + std::to_string(m) + " matrices", y,
+            std::vector<float>(want.begin(), want.begin() + m * R));
         const double us = graph_us(
             [&](int i, cudaStream_t st) {
               cuda::mmvq_experts(t, table(i) + off, m, a, per_expert, y, R, K, 8, st);
@@ -173,7 +184,7 @@ int main() {
             n, s);
         xs.push_back(m);
         ys.push_back(us);
-        std::printf("fixed-cost sweep: %s, %d matrices: %.2f us\n", what, m, us);
+        std::printf("fixed-cost sweep (%s): %s, %d matrices: %.2f us\n", en, what, m, us);
       }
       double mx = 0, my = 0;
       for (size_t i = 0; i < xs.size(); ++i) {
@@ -187,14 +198,16 @@ int main() {
       }
       const double slope = sxy / sxx, fixed = my - slope * mx;
       std::printf(
-          "fixed-cost fit: %s: fixed %.2f us, %.3f us per matrix (%.0f GB/s = %.0f%% of "
+          "fixed-cost fit (%s): %s: fixed %.2f us, %.3f us per matrix (%.0f GB/s = %.0f%% of "
           "copy per matrix)\n",
-          what, fixed, slope, bytes_each / slope * 1e-3, bytes_each / slope * 1e-3 / copy * 100);
+          en, what, fixed, slope, bytes_each / slope * 1e-3,
+          bytes_each / slope * 1e-3 / copy * 100);
     };
     fit("Q2_K [2304, 5120]", GgmlType::kQ2K, 0, {2, 4, 6, 8, 10, 12}, inter, dim, x_q8, false,
         static_cast<double>(gate_stride));
     fit("Q3_K [5120, 2304]", GgmlType::kQ3K, static_cast<int>(2 * nsel), {1, 2, 3, 4, 5, 6}, dim,
         inter, h_q8, true, static_cast<double>(down_stride));
+    if (fe != cuda::MmvqEngine::kDp4a) continue;
     cuda::set_mmvq_blocks_per_sm(2);
     cuda::mmvq_experts(GgmlType::kQ2K, d_tab, 2 * nsel, x_q8, false, y, inter, dim, 8, s);
     MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -208,7 +221,7 @@ int main() {
         },
         n, s);
     double b = static_cast<double>(2 * nsel * gate_stride);
-    rows.push_back({"mmvq_experts Q2_K gate+up, 2 blocks per SM", "12 x [2304, 5120]", "default",
+    rows.push_back({"mmvq_experts Q2_K gate+up, 2 blocks per SM", "12 x [2304, 5120]", "dp4a",
                     us, b / us * 1e-3, b / us * 1e-3 / copy});
     us = graph_us(
         [&](int i, cudaStream_t st) {
@@ -217,11 +230,12 @@ int main() {
         },
         n, s);
     b = static_cast<double>(nsel * down_stride);
-    rows.push_back({"mmvq_experts Q3_K down, 2 blocks per SM", "6 x [5120, 2304]", "default", us,
+    rows.push_back({"mmvq_experts Q3_K down, 2 blocks per SM", "6 x [5120, 2304]", "dp4a", us,
                     b / us * 1e-3, b / us * 1e-3 / copy});
     cuda::set_mmvq_blocks_per_sm(0);
   }
-  // Stream launches (no graph) of the gate+up form, for the launch overhead.
+  cuda::set_mmvq_engine(cuda::MmvqEngine::kStreamed);
+  // Stream launches (no graph) of the gate+up form (the default engine), for the launch overhead.
   {
     int i = 0;
     const double ms = time_ms(

@@ -25,20 +25,41 @@ using gputest::make_act;
 using gputest::OffsetCopy;
 using gputest::same_f32;
 
-// (type, warps, engine): engine 0 is the dp4a kernel, 4 the tensor-core engine with bulk copies
-// and 4 tile stages, 14 the same with 16-byte cp.async copies (one-token launches; launches with
-// larger groups still take the dp4a kernel).
+// Engine codes of the tests: 0 the dp4a kernel; 4 and 6 the tensor-core engine with bulk copies
+// and 4 / 6 tile stages, 14 the same with 16-byte cp.async copies; 20 the streamed engine (the
+// default) in its default shape, 42 it at 4 warps x 2 stages, 83 at 8 x 3, 124 at 12 x 4 (every
+// engine but dp4a takes one-token launches only; launches with larger groups still take the dp4a
+// kernel).
+void set_engine(int e) {
+  if (e == 0) {
+    cuda::set_mmvq_engine(cuda::MmvqEngine::kDp4a);
+  } else if (e < 20) {
+    cuda::set_mmvq_engine(cuda::MmvqEngine::kTensorCore, e % 10, e / 10);
+  } else {
+    cuda::set_mmvq_engine(cuda::MmvqEngine::kStreamed);
+    cuda::set_mmvq_stream_shape(e == 20 ? 0 : e / 10, e == 20 ? 0 : e % 10);
+  }
+}
+
+void reset_engine() {
+  cuda::set_mmvq_engine(cuda::MmvqEngine::kStreamed);
+  cuda::set_mmvq_stream_shape(0, 0);
+  cuda::set_mmvq_rows_per_warp(0);
+}
+
+std::string engine_name(int e) {
+  if (e == 0) return "dp4a";
+  if (e < 10) return "tc_bulk" + std::to_string(e);
+  if (e < 20) return "tc_async";
+  if (e == 20) return "streamed";
+  return "streamed_w" + std::to_string(e / 10) + "s" + std::to_string(e % 10);
+}
+
+// (type, warps, engine code).
 class MmvqTest : public ::testing::TestWithParam<std::tuple<GgmlType, int, int>> {
  protected:
-  void SetUp() override {
-    const int e = std::get<2>(GetParam());
-    cuda::set_mmvq_engine(e == 0 ? cuda::MmvqEngine::kDp4a : cuda::MmvqEngine::kTensorCore, e % 10,
-                          e / 10);
-  }
-  void TearDown() override {
-    cuda::set_mmvq_engine(cuda::MmvqEngine::kDp4a);
-    cuda::set_mmvq_rows_per_warp(0);
-  }
+  void SetUp() override { set_engine(std::get<2>(GetParam())); }
+  void TearDown() override { reset_engine(); }
 };
 
 TEST_P(MmvqTest, PlainEqualsEmu_100Seeds) {
@@ -80,7 +101,8 @@ TEST_P(MmvqTest, ExpertsEqualsEmu_100Seeds) {
   for (uint64_t seed = 1; seed <= 100; ++seed) {
     emutest::Gen g(seed * 104729 + static_cast<uint64_t>(type) * 17 + static_cast<uint64_t>(warps) +
                    static_cast<uint64_t>(engine) * 1009);
-    const int64_t K = kQK_K * (1 + static_cast<int64_t>(g.u32() % 4));
+    // 1 .. 12 super-blocks a row: the streamed engine's steps of 4 and its last 1 - 3.
+    const int64_t K = kQK_K * (1 + static_cast<int64_t>(g.u32() % 12));
     const int64_t rows = 1 + g.u32() % 20;
     const int64_t n = 1 + g.u32() % 12;
     const bool per_expert = seed % 2 == 1;
@@ -126,7 +148,7 @@ TEST_P(MmvqTest, GroupsEqualsEmu_100Seeds) {
   for (uint64_t seed = 1; seed <= 100; ++seed) {
     emutest::Gen g(seed * 15485863 + static_cast<uint64_t>(type) + static_cast<uint64_t>(warps) +
                    static_cast<uint64_t>(engine) * 1009);
-    const int64_t K = kQK_K * (1 + static_cast<int64_t>(g.u32() % 3));
+    const int64_t K = kQK_K * (1 + static_cast<int64_t>(g.u32() % 10));
     const int64_t rows = 1 + g.u32() % 17;
     const int64_t n_slots = 1 + g.u32() % 4, A = 1 + g.u32() % 12;
     std::vector<std::vector<uint8_t>> mats;
@@ -229,14 +251,15 @@ INSTANTIATE_TEST_SUITE_P(
     Types, MmvqTest,
     ::testing::Values(std::tuple{GgmlType::kQ2K, 2, 0}, std::tuple{GgmlType::kQ2K, 4, 0},
                       std::tuple{GgmlType::kQ2K, 8, 0}, std::tuple{GgmlType::kQ2K, 8, 4},
-                      std::tuple{GgmlType::kQ2K, 8, 14}, std::tuple{GgmlType::kQ3K, 2, 0},
-                      std::tuple{GgmlType::kQ3K, 4, 0}, std::tuple{GgmlType::kQ3K, 8, 0},
-                      std::tuple{GgmlType::kQ3K, 8, 4}, std::tuple{GgmlType::kQ3K, 8, 14}),
+                      std::tuple{GgmlType::kQ2K, 8, 14}, std::tuple{GgmlType::kQ2K, 8, 20},
+                      std::tuple{GgmlType::kQ2K, 8, 42}, std::tuple{GgmlType::kQ2K, 8, 83},
+                      std::tuple{GgmlType::kQ3K, 2, 0}, std::tuple{GgmlType::kQ3K, 4, 0},
+                      std::tuple{GgmlType::kQ3K, 8, 0}, std::tuple{GgmlType::kQ3K, 8, 4},
+                      std::tuple{GgmlType::kQ3K, 8, 14}, std::tuple{GgmlType::kQ3K, 8, 20},
+                      std::tuple{GgmlType::kQ3K, 8, 42}, std::tuple{GgmlType::kQ3K, 8, 83}),
     [](const auto& info) {
-      const int e = std::get<2>(info.param);
       return std::string(std::get<0>(info.param) == GgmlType::kQ2K ? "Q2K" : "Q3K") + "_W" +
-             std::to_string(std::get<1>(info.param)) +
-             (e == 0 ? std::string("_dp4a") : (e >= 10 ? "_tc_async" : "_tc_bulk"));
+             std::to_string(std::get<1>(info.param)) + "_" + engine_name(std::get<2>(info.param));
     });
 
 // The seeds' one-token shapes: 6 experts of gate [2304, 5120] Q2_K and down [5120, 2304] Q3_K.
@@ -257,19 +280,18 @@ TEST(MmvqDs41, SixExpertsOneLaunch_Gate2304x5120Q2K_Down5120x2304Q3K) {
     for (int64_t i = 0; i < n; ++i) dp.push_back(dw.get() + i * rows * rb);
     DevArray<const uint8_t*> dtab(dp);
     DevArray<BlockQ8_1> da(a);
-    for (int engine : {0, 4, 6, 14}) {
-      cuda::set_mmvq_engine(engine == 0 ? cuda::MmvqEngine::kDp4a : cuda::MmvqEngine::kTensorCore,
-                            engine % 10, engine / 10);
+    for (int engine : {0, 4, 6, 14, 20, 42, 83, 124}) {
+      set_engine(engine);
       for (int warps : {2, 4, 8}) {
         DevArray<float> dy(want.size());
         cuda::mmvq_experts(type, dtab.get(), n, da.get(), type == GgmlType::kQ3K, dy.get(), rows, K,
                            warps, nullptr);
         ASSERT_TRUE(same_f32("mmvq_experts ds41", dy.host(), want, rows,
                              gputest::repro(41 + rows, "warps=" + std::to_string(warps) +
-                                                           " engine=" + std::to_string(engine))));
+                                                           " engine=" + engine_name(engine))));
       }
     }
-    cuda::set_mmvq_engine(cuda::MmvqEngine::kDp4a);
+    reset_engine();
   }
 }
 

@@ -1,0 +1,649 @@
+// The streamed MMVQ engine (cuda::MmvqEngine::kStreamed): Q2_K / Q3_K rows read in place
+// against q8_1 activation rows, the float parts exactly as docs/numerics.md "mmvq_q2k, mmvq_q3k"
+// writes them (the same bits as the dp4a kernel of cuda/mmvq.cu and emu::mmvq). It takes the
+// one-token launches and the groups of layers of up to 8 tokens.
+//
+// Threads and chains. A pass is 8 consecutive rows of one group against one token; lane 4 r + c
+// of a warp takes row r of the pass and the super-blocks of class c = sb % 4. Unit g of a row
+// (super-block sb = g / 8, position b = g % 8) belongs to contract lane g % 32 = 8 (sb % 4) + b,
+// so the lane keeps the eight chains acc[b] of contract lanes 8 c + b and extends each in
+// increasing sb, i.e. in increasing g, as numerics.md's lane does. A whole super-block per thread
+// and step means its bytes are read once for its eight units (the dp4a kernel's lane reads 32
+// quant bytes to use 8 of them). At the end of a pass the butterfly's tree is replayed: levels 16
+// and 8 (classes c ^ 2, c ^ 1) by shuffles within the row's four lanes, then 4, 2 and 1 (b ^ 4,
+// b ^ 2, b ^ 1) inside the lane; addition is commutative, so every level takes the same two
+// partial sums as the butterfly's.
+//
+// The last super-blocks. When K / 256 is not a multiple of 4 (the down projection: 9), the
+// classes below rem = (K / 256) % 4 own one super-block more than the others. The four lanes of
+// a row share that work instead of its owner doing it alone: lane 4 r + j computes t of units
+// 2 j and 2 j + 1 of each such super-block (t is a pure function of its unit: the same bits on
+// any lane), and the owner takes the eight values by shuffles and extends its chains.
+//
+// Tokens. A group of n tokens is n pairs (group, token), each a full set of passes over the
+// group's rows (the rows are streamed again per token, from L2 in practice; a layer of up to 8
+// tokens mostly has groups of one). Blocks (one per multiprocessor) take contiguous ranges of
+// the launch's passes in pair order; the warps of a block take every W-th pass of the range.
+//
+// Copies. Each warp owns a ring of S stages; a stage holds one pass's 8 rows x 4 super-blocks,
+// each row copied by one lane with cp.async.bulk (its 16-byte aligned covering span) into a slot
+// whose pitch, an odd multiple of 16 bytes, spreads the rows over the banks; an mbarrier per
+// stage says the bytes landed. The warp walks its passes step by step (pass, 4 super-blocks),
+// issuing step s + S as soon as step s is computed, so S - 1 steps are in flight across pass
+// boundaries with no block-wide barrier after the start. The block stages the activation rows
+// of the pairs its range touches (one slot each: quants per unit; d8 as f32, the half sums
+// packed for dp2a and times -4 for Q3_K) once, while the first stages are in flight.
+// Performance: docs/performance.md "GPU".
+#include "cuda/mmvq_sb.cuh"
+
+#include <cuda_fp16.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "core/portable_math.h"
+#include "cuda/bulk_copy.cuh"
+#include "cuda/check.h"
+#include "cuda/device_util.cuh"
+
+namespace moecheck::cuda::mmvq_sb {
+namespace {
+
+using namespace mmvq_tiles;
+
+constexpr int kPassRows = 8;  // rows per pass: lane = 4 row + class
+constexpr int kChunkSb = 4;   // super-blocks per row and step: one per class sb % 4
+constexpr int kSmemMax = 227 * 1024;
+constexpr int kDefaultWarps = 16, kDefaultStages = 3;
+// Groups of several tokens: the most groups a launch may have (the blocks' prefix of their token
+// counts, 16 KB of shared memory).
+constexpr int64_t kMaxPrefixGroups = 4096;
+
+template <GgmlType kType>
+constexpr int kBB = kType == GgmlType::kQ2K ? 84 : 110;
+
+// A row's slot in a stage: 4 blocks after up to 14 bytes of alignment slack, the covering copy's
+// tail and the funnel's one-word over-read, as an odd multiple of 16 bytes, so that the 32 lanes'
+// word reads fall on distinct banks for Q2_K (rows 4 r banks apart, classes c offset by 21 c
+// words) and on at most two lanes a bank for Q3_K (counted over every row alignment; no slot
+// pitch or per-row skew gets Q3_K's 110-byte blocks to one).
+template <GgmlType kType>
+constexpr int kSlot = kType == GgmlType::kQ2K ? 368 : 464;
+static_assert(kSlot<GgmlType::kQ2K> >= 14 + kChunkSb * 84 + 2 + 4 &&
+              kSlot<GgmlType::kQ2K> % 32 == 16);
+static_assert(kSlot<GgmlType::kQ3K> >= 14 + kChunkSb * 110 + 2 + 4 &&
+              kSlot<GgmlType::kQ3K> % 32 == 16);
+
+// The block's shared memory: the warps' rings (warp w's S stages at w S stage), then the
+// activation slots, one per pair (group, token) the block's passes touch: per unit g (super-block
+// sb = g / 8, position b = g % 8) the 32 quants at q + 272 sb + 32 b and {d8, half sums as two
+// 16-bit halves, -4 a0, -4 a1} at m + 144 sb + 16 b (16 bytes of padding per super-block put the
+// four classes' units on different banks); then the stage barriers, then (groups of several
+// tokens) the prefix of the groups' token counts.
+constexpr int kActQSb = 8 * 32 + 16, kActMSb = 8 * 16 + 16;
+struct Layout {
+  int slot, stage, acts, act_bytes, act_m, bar, bytes;
+  __host__ __device__ Layout(int slot_bytes, int units, int warps, int stages, int n_act) {
+    slot = slot_bytes;
+    stage = kPassRows * slot_bytes;
+    acts = warps * stages * stage;
+    act_m = kActQSb * (units / 8);  // within a slot
+    act_bytes = act_m + kActMSb * (units / 8);
+    bar = acts + n_act * act_bytes;
+    bytes = bar + warps * stages * 8;
+  }
+};
+
+__device__ __forceinline__ int act_q_off(int g) { return kActQSb * (g >> 3) + 32 * (g & 7); }
+__device__ __forceinline__ int act_m_off(int g) { return kActMSb * (g >> 3) + 16 * (g & 7); }
+
+// Unsigned bytes of a times signed bytes of b (dp4a.u32.s32): masked quants reach 192.
+__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
+  int r;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+
+__device__ __forceinline__ float f16_arith(uint32_t h) {
+  return __half2float(__ushort_as_half(static_cast<uint16_t>(h & 0xFFFFu)));
+}
+
+// The block's activation slots: slot j gets the q8_1 row rows[j] (units blocks each; rows[j] < 0:
+// left unwritten, its pair has no token). Every thread of the block takes part; the words of all
+// slots are loaded 8 at a time before any is stored (one round trip to L2 per 8 words a thread),
+// then the half sums are formed from shared memory. d8 is widened by the hardware: its NaN bits
+// never reach an output unchanged (only through fma_rn), as in cuda/mmvq.cu.
+template <int kThreads>
+__device__ __forceinline__ void stage_acts(const BlockQ8_1* a, const int* rows, int n_act,
+                                           int units, uint8_t* acts, int act_bytes, int act_m) {
+  const int words = 9 * units, total = n_act * words;
+  for (int base = static_cast<int>(threadIdx.x); base < total; base += 8 * kThreads) {
+    uint32_t v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int idx = base + i * kThreads;
+      const int j = idx / words;
+      v[i] =
+          idx < total && rows[j] >= 0
+              ? __ldg(reinterpret_cast<const uint32_t*>(a + static_cast<int64_t>(rows[j]) * units) +
+                      (idx - j * words))
+              : 0u;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int idx = base + i * kThreads;
+      if (idx >= total) break;
+      const int j = idx / words, w = idx - j * words;
+      const int g = w / 9, k = w - 9 * g;
+      uint8_t* slot = acts + j * act_bytes;
+      if (k == 0) *reinterpret_cast<float*>(slot + act_m + act_m_off(g)) = f16_arith(v[i]);
+      else *reinterpret_cast<uint32_t*>(slot + act_q_off(g) + 4 * (k - 1)) = v[i];
+    }
+  }
+  __syncthreads();
+  for (int idx = static_cast<int>(threadIdx.x); idx < n_act * units; idx += kThreads) {
+    const int j = idx / units, g = idx - j * units;
+    uint8_t* slot = acts + j * act_bytes;
+    const uint8_t* q = slot + act_q_off(g);
+    const uint4 x0 = *reinterpret_cast<const uint4*>(q);
+    const uint4 x1 = *reinterpret_cast<const uint4*>(q + 16);
+    int s0 = __dp4a(static_cast<int>(x0.x), 0x01010101, 0);
+    s0 = __dp4a(static_cast<int>(x0.y), 0x01010101, s0);
+    s0 = __dp4a(static_cast<int>(x0.z), 0x01010101, s0);
+    s0 = __dp4a(static_cast<int>(x0.w), 0x01010101, s0);
+    int s1 = __dp4a(static_cast<int>(x1.x), 0x01010101, 0);
+    s1 = __dp4a(static_cast<int>(x1.y), 0x01010101, s1);
+    s1 = __dp4a(static_cast<int>(x1.z), 0x01010101, s1);
+    s1 = __dp4a(static_cast<int>(x1.w), 0x01010101, s1);
+    int* m = reinterpret_cast<int*>(slot + act_m + act_m_off(g));
+    m[1] =
+        static_cast<int>((static_cast<uint32_t>(s0) & 0xFFFFu) | (static_cast<uint32_t>(s1) << 16));
+    m[2] = -4 * s0;
+    m[3] = -4 * s1;
+  }
+  __syncthreads();
+}
+
+// The dots of one unit's quant plane (words q[0..7], masked by mask) with the activation quants
+// x0 (values 0-15) and x1 (16-31): the two halves' sums.
+__device__ __forceinline__ void plane_dots(const uint32_t* q, uint32_t mask, const uint4& x0,
+                                           const uint4& x1, int& p0, int& p1) {
+  p0 = dp4a_us(q[0] & mask, static_cast<int>(x0.x), 0);
+  p1 = dp4a_us(q[4] & mask, static_cast<int>(x1.x), 0);
+  p0 = dp4a_us(q[1] & mask, static_cast<int>(x0.y), p0);
+  p1 = dp4a_us(q[5] & mask, static_cast<int>(x1.y), p1);
+  p0 = dp4a_us(q[2] & mask, static_cast<int>(x0.z), p0);
+  p1 = dp4a_us(q[6] & mask, static_cast<int>(x1.z), p1);
+  p0 = dp4a_us(q[3] & mask, static_cast<int>(x0.w), p0);
+  p1 = dp4a_us(q[7] & mask, static_cast<int>(x1.w), p1);
+}
+
+// t of numerics.md for Q2_K unit b: qs the 8 quant words of its half, sw the scale word holding
+// scales[2b], scales[2b + 1] (bytes 2 (b % 2), + 1), am its {d8, half sums, ...}. The masked dots
+// are 4^(b % 4) times the true ones, shifted back exactly; A and B by dp2a with the conversion
+// bias as the accumulator input, so float(A) is one subtraction (cuda/device_util.cuh).
+template <bool kHi>
+__device__ __forceinline__ float q2k_t(const uint32_t* qs, int s, uint32_t sw, float d, float dmin,
+                                       const uint4& x0, const uint4& x1, int hs16) {
+  int p0, p1;
+  plane_dots(qs, 0x03030303u << (2 * s), x0, x1, p0, p1);
+  p0 >>= 2 * s;
+  p1 >>= 2 * s;
+  const int pp = static_cast<int>(__byte_perm(p0, p1, 0x5410));
+  const int sc = static_cast<int>(sw & 0x0F0F0F0Fu), mn = static_cast<int>((sw >> 4) & 0x0F0F0F0Fu);
+  const int A = kHi ? __dp2a_hi(pp, sc, kBias) : __dp2a_lo(pp, sc, kBias);
+  const int B = kHi ? __dp2a_hi(hs16, mn, kBias) : __dp2a_lo(hs16, mn, kBias);
+  return fma_rn(d, biased_float(A), -mul_rn(dmin, biased_float(B)));
+}
+
+// t of numerics.md for Q3_K unit b: qs its half's 8 quant words, hm the 8 high-bit words, sw the
+// word of six-bit scales (plus 32) holding sub-blocks 2b, 2b + 1; quant = low - 4 + 4 high, so
+// p = (low dot) + 4 (high dot) - 4 (half sum), and A = sum (u - 32) p.
+template <bool kHi>
+__device__ __forceinline__ float q3k_t(const uint32_t* qs, const uint32_t* hm, int b, uint32_t sw,
+                                       float d, const uint4& x0, const uint4& x1, const int4& am) {
+  const int s = b & 3;
+  int l0, l1, h0, h1;
+  plane_dots(qs, 0x03030303u << (2 * s), x0, x1, l0, l1);
+  plane_dots(hm, 0x01010101u << b, x0, x1, h0, h1);
+  // 4 (h >> b), exact: h is a multiple of 2^b.
+  const int f0 = b >= 2 ? h0 >> (b - 2) : h0 * (4 >> b);
+  const int f1 = b >= 2 ? h1 >> (b - 2) : h1 * (4 >> b);
+  const int p0 = (l0 >> (2 * s)) + f0 + am.z, p1 = (l1 >> (2 * s)) + f1 + am.w;
+  const int pp = static_cast<int>(__byte_perm(p0, p1, 0x5410));
+  const int u = static_cast<int>(sw);
+  const int A = (kHi ? __dp2a_hi(pp, u, kBias) : __dp2a_lo(pp, u, kBias)) - 32 * (p0 + p1);
+  return mul_rn(d, biased_float(A));
+}
+
+// The four words of Q3_K six-bit scales (plus 32) from the 12 scale bytes: word w holds
+// sub-blocks 4 w .. 4 w + 3 (low nibbles in scales[j % 8] >> 4 (j / 8), high pairs in
+// scales[8 + j % 4] >> 2 (j / 4)).
+__device__ __forceinline__ uint32_t q3k_scale_word(uint32_t L0, uint32_t L1, uint32_t H, int w) {
+  const uint32_t lo = ((w & 1) ? L1 : L0) >> (4 * (w >> 1));
+  const uint32_t hi = w < 3 ? H << (4 - 2 * w) : H >> 2;
+  return (lo & 0x0F0F0F0Fu) | (hi & 0x30303030u);
+}
+
+// One whole super-block of the lane's row: the block's words from shared offset blk of the
+// stage (2-byte aligned; kAligned: 4), its eight units into the chains. aq / am: the staged
+// activation of the super-block's unit 0 (units b at + 32 b / + 16 b).
+template <GgmlType kType, bool kAligned>
+__device__ __forceinline__ void super_block(const uint8_t* st, int blk, const uint8_t* aq,
+                                            const uint8_t* am, float (&acc)[8]) {
+  if constexpr (kType == GgmlType::kQ2K) {
+    uint32_t w[21];  // scales 0-3, qs 4-19, d | dmin 20
+    if constexpr (kAligned) lds_words_aligned<21>(st, blk, w);
+    else lds_words<21>(st, blk, w);
+    const float d = f16_arith(w[20]), dmin = f16_arith(w[20] >> 16);
+#pragma unroll
+    for (int b = 0; b < 8; ++b) {
+      const uint4 x0 = *reinterpret_cast<const uint4*>(aq + 32 * b);
+      const uint4 x1 = *reinterpret_cast<const uint4*>(aq + 32 * b + 16);
+      const int4 m = *reinterpret_cast<const int4*>(am + 16 * b);
+      const float t =
+          (b & 1) ? q2k_t<true>(w + 4 + 8 * (b >> 2), b & 3, w[b >> 1], d, dmin, x0, x1, m.y)
+                  : q2k_t<false>(w + 4 + 8 * (b >> 2), b & 3, w[b >> 1], d, dmin, x0, x1, m.y);
+      acc[b] = fma_rn(__int_as_float(m.x), t, acc[b]);
+    }
+  } else {
+    uint32_t w[28];  // hmask 0-7, qs 8-23, scales 24-26, d 27
+    lds_words<28>(st, blk, w);
+    const float d = f16_arith(w[27]);
+    uint32_t S[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) S[k] = q3k_scale_word(w[24], w[25], w[26], k);
+#pragma unroll
+    for (int b = 0; b < 8; ++b) {
+      const uint4 x0 = *reinterpret_cast<const uint4*>(aq + 32 * b);
+      const uint4 x1 = *reinterpret_cast<const uint4*>(aq + 32 * b + 16);
+      const int4 m = *reinterpret_cast<const int4*>(am + 16 * b);
+      const float t = (b & 1) ? q3k_t<true>(w + 8 + 8 * (b >> 2), w, b, S[b >> 1], d, x0, x1, m)
+                              : q3k_t<false>(w + 8 + 8 * (b >> 2), w, b, S[b >> 1], d, x0, x1, m);
+      acc[b] = fma_rn(__int_as_float(m.x), t, acc[b]);
+    }
+  }
+}
+
+// t of units 2 j and 2 j + 1 of the block at blk (a super-block shared by a row's four lanes).
+template <GgmlType kType>
+__device__ __forceinline__ void unit_pair(const uint8_t* st, int blk, int j, const uint8_t* aq,
+                                          const uint8_t* am, float& t0, float& t1) {
+  const int h = j >> 1;
+  const uint4 x00 = *reinterpret_cast<const uint4*>(aq + 64 * j);
+  const uint4 x01 = *reinterpret_cast<const uint4*>(aq + 64 * j + 16);
+  const uint4 x10 = *reinterpret_cast<const uint4*>(aq + 64 * j + 32);
+  const uint4 x11 = *reinterpret_cast<const uint4*>(aq + 64 * j + 48);
+  const int4 m0 = *reinterpret_cast<const int4*>(am + 32 * j);
+  const int4 m1 = *reinterpret_cast<const int4*>(am + 32 * j + 16);
+  if constexpr (kType == GgmlType::kQ2K) {
+    uint32_t qs[8];
+    lds_words<8>(st, blk + 16 + 32 * h, qs);
+    const uint32_t sw = lds_u32(st, blk + 4 * j);  // scales[4j .. 4j + 3]: units 2j, 2j + 1
+    const uint32_t dd = lds_u32(st, blk + 80);
+    const float d = f16_arith(dd), dmin = f16_arith(dd >> 16);
+    const int s = 2 * (j & 1);
+    t0 = q2k_t<false>(qs, s, sw, d, dmin, x00, x01, m0.y);
+    t1 = q2k_t<true>(qs, s + 1, sw, d, dmin, x10, x11, m1.y);
+  } else {
+    uint32_t qs[8], hm[8], sc[3];
+    lds_words<8>(st, blk + 32 + 32 * h, qs);
+    lds_words<8>(st, blk, hm);
+    lds_words<3>(st, blk + 96, sc);
+    const float d = f16_arith(lds_u16(st, blk + 108));
+    const uint32_t sw = q3k_scale_word(sc[0], sc[1], sc[2], j);
+    t0 = q3k_t<false>(qs, hm, 2 * j, sw, d, x00, x01, m0);
+    t1 = q3k_t<true>(qs, hm, 2 * j + 1, sw, d, x10, x11, m1);
+  }
+}
+
+// The butterfly's tree over a row's 32 contract lanes, held as acc[b] of lanes 4 r + c (contract
+// lane 8 c + b): levels 16 and 8 across the row's lanes, then 4, 2, 1 inside the lane.
+__device__ __forceinline__ float row_butterfly(float (&acc)[8]) {
+#pragma unroll
+  for (int b = 0; b < 8; ++b) acc[b] = add_rn(acc[b], __shfl_xor_sync(0xFFFFFFFFu, acc[b], 2));
+#pragma unroll
+  for (int b = 0; b < 8; ++b) acc[b] = add_rn(acc[b], __shfl_xor_sync(0xFFFFFFFFu, acc[b], 1));
+#pragma unroll
+  for (int b = 0; b < 4; ++b) acc[b] = add_rn(acc[b], acc[b + 4]);
+#pragma unroll
+  for (int b = 0; b < 2; ++b) acc[b] = add_rn(acc[b], acc[b + 2]);
+  return add_rn(acc[0], acc[1]);
+}
+
+// The launch's pairs (group, token): a group of n tokens is n pairs, each a full pass over the
+// group's rows against one activation row (the rows are streamed again for each token, from L2
+// in practice: the groups of a layer of up to 8 tokens mostly hold one). One-token launches map
+// pair g to group g; kPlain to group pi / 8, token pi % 8; groups of several tokens through
+// pre[g], the tokens of the live groups before g, built by each block in shared memory.
+struct Pairs {
+  const MmvqParams& p;
+  const int32_t* pre;  // nullptr: every group one token
+  int64_t groups;      // live groups
+
+  __device__ __forceinline__ int64_t total() const {
+    if (p.form == Form::kPlain) return p.T;
+    return pre != nullptr ? pre[groups] : groups;
+  }
+  // The pair's group and token; g is a cursor that only moves forward (a warp's pairs increase).
+  __device__ __forceinline__ void at(int64_t pi, int64_t& g, int& tok) const {
+    if (p.form == Form::kPlain) {
+      g = pi / kMaxGroupRows;
+      tok = static_cast<int>(pi - g * kMaxGroupRows);
+    } else if (pre == nullptr) {
+      g = pi;
+      tok = 0;
+    } else {
+      if (g < 0) g = 0;
+      while (pre[g + 1] <= pi) ++g;  // the group holding pair pi (groups of no token skipped)
+      tok = static_cast<int>(pi - pre[g]);
+    }
+  }
+};
+
+// pre[0..G] of the live groups' token counts, by warp 0 (the caller synchronises the block).
+__device__ __forceinline__ void build_prefix(const MmvqParams& p, int64_t G, int32_t* pre) {
+  const int lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
+  int32_t base = 0;
+  if (lane == 0) pre[0] = 0;
+  for (int64_t g0 = 0; g0 < G; g0 += kWarpSize) {
+    const int64_t g = g0 + lane;
+    int v = g < G ? __ldg(&stored_group(p, g)->n) : 0;
+#pragma unroll
+    for (int o = 1; o < kWarpSize; o *= 2) {
+      const int u = __shfl_up_sync(0xFFFFFFFFu, v, o);
+      if (lane >= o) v += u;
+    }
+    if (g < G) pre[g + 1] = base + v;
+    base += __shfl_sync(0xFFFFFFFFu, v, kWarpSize - 1);
+  }
+}
+
+template <GgmlType kType, int kWarps, bool kPrefix>
+__global__ void __launch_bounds__(kWarps* kWarpSize, 1)
+    mmvq_sb_kernel(MmvqParams p, int stages, int n_act) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int kB = kBB<kType>;
+  constexpr int kS = kSlot<kType>;
+  constexpr int kThreads = kWarps * kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int units = static_cast<int>(p.K / kQK8_1);
+  const int nsb = static_cast<int>(p.K / kQK_K);
+  const int full = nsb / kChunkSb, rem = nsb % kChunkSb, nq = full + (rem != 0 ? 1 : 0);
+  const Layout L(kS, units, kWarps, stages, n_act);
+  uint8_t* ring = smem + warp * stages * L.stage;
+  uint8_t* acts = smem + L.acts;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + L.bar) + warp * stages;
+  int* act_rows = reinterpret_cast<int*>(smem + L.bytes);
+
+  const int64_t G = p.form == Form::kPlain ? 0 : live_groups(p);
+  int32_t* pre = nullptr;
+  if constexpr (kPrefix) {
+    pre = act_rows + n_act;
+    if (warp == 0) build_prefix(p, G, pre);
+    __syncthreads();
+  }
+  const Pairs pairs{p, pre, G};
+  const int passes = static_cast<int>((p.rows + kPassRows - 1) / kPassRows);
+  const int64_t total = passes * pairs.total();
+  const int64_t b0 = total * blockIdx.x / gridDim.x, b1 = total * (blockIdx.x + 1) / gridDim.x;
+  if (b1 <= b0) return;  // block-uniform: no pass here
+  const int64_t pi0 = b0 / passes;
+  const int np = static_cast<int>((b1 - 1) / passes - pi0 + 1);  // <= n_act (the launch's bound)
+  if (np > n_act) __trap();
+  const int64_t first = b0 + warp;
+  const int n_pass = first < b1 ? static_cast<int>((b1 - first + kWarps - 1) / kWarps) : 0;
+  const int steps = n_pass * nq;
+
+  const int r = lane >> 2, c = lane & 3;
+  const int64_t rb = p.row_bytes;
+
+  // The issuing side: step (j, q) into stage k; lane i < 8 copies row i of the pass.
+  int64_t i_group = -1, i_cur = -1;
+  GroupInfo i_gi{nullptr, 0};
+  int i_pass = 0;
+  auto issue = [&](int j, int q, int k) {
+    if (q == 0) {  // a new pass: its group looked up once
+      const int64_t item = first + static_cast<int64_t>(kWarps) * j;
+      const int64_t pi = item / passes;
+      i_pass = static_cast<int>(item - pi * passes);
+      int tok;
+      pairs.at(pi, i_cur, tok);
+      if (i_cur != i_group) {
+        i_group = i_cur;
+        i_gi = group_info(p, i_cur);
+      }
+    }
+    uint32_t size = 0;
+    uintptr_t a = 0;
+    const int64_t row = static_cast<int64_t>(i_pass) * kPassRows + lane;
+    if (lane < kPassRows && i_gi.n > 0 && row < p.rows) {
+      const int nb = q < full ? kChunkSb : rem;
+      const uintptr_t s = reinterpret_cast<uintptr_t>(i_gi.base) +
+                          static_cast<uintptr_t>(row * rb) +
+                          static_cast<uintptr_t>(q * kChunkSb * kB);
+      a = s & ~uintptr_t{15};
+      size = static_cast<uint32_t>(((s + nb * kB + 15) & ~uintptr_t{15}) - a);
+    }
+    const uint32_t tx = __reduce_add_sync(0xFFFFFFFFu, size);
+    if (lane == 0) bulk::bar_expect_tx(bar + k, tx);
+    __syncwarp();
+    if (size > 0)
+      bulk::copy(ring + k * L.stage + lane * kS, reinterpret_cast<const void*>(a), size, bar + k);
+  };
+
+  // The rings start filling before the activation is staged.
+  if (lane == 0) {
+    for (int k = 0; k < stages; ++k) bulk::bar_init(bar + k, 1);
+    bulk::fence_bar_init();
+  }
+  __syncwarp();
+  int ij = 0, iq = 0;  // the next step to issue
+  for (int k = 0; k < stages && k < steps; ++k) {
+    issue(ij, iq, k);
+    if (++iq == nq) {
+      iq = 0;
+      ++ij;
+    }
+  }
+  // The activation rows of the block's pairs pi0 .. pi0 + np - 1, one slot each.
+  for (int j = static_cast<int>(threadIdx.x); j < np; j += kThreads) {
+    int64_t g = -1;
+    int tok;
+    pairs.at(pi0 + j, g, tok);
+    const GroupInfo gj = group_info(p, g);
+    act_rows[j] = tok < gj.n ? act_row(p, g, tok) : -1;
+  }
+  __syncthreads();
+  stage_acts<kThreads>(p.a, act_rows, np, units, acts, L.act_bytes, L.act_m);
+
+  int64_t group = -1, cur = -1;
+  GroupInfo gi{nullptr, 0};
+  int pass = 0, tok = 0;
+  bool valid = false;
+  const uint8_t* act = acts;
+  float acc[8];
+  int k = 0;
+  uint32_t parity = 0;
+  for (int s = 0, j = 0, q = 0; s < steps; ++s) {
+    if (q == 0) {  // a new pass (warp-uniform)
+      const int64_t item = first + static_cast<int64_t>(kWarps) * j;
+      const int64_t pi = item / passes;
+      pass = static_cast<int>(item - pi * passes);
+      pairs.at(pi, cur, tok);
+      if (cur != group) {
+        group = cur;
+        gi = group_info(p, cur);
+      }
+      act = acts + static_cast<int>(pi - pi0) * L.act_bytes;
+      valid = tok < gi.n && static_cast<int64_t>(pass) * kPassRows + r < p.rows;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) acc[b] = 0.0f;
+    }
+    bulk::bar_wait(bar + k, parity);
+    const uint8_t* st = ring + k * L.stage + r * kS;
+    const int64_t row = static_cast<int64_t>(pass) * kPassRows + r;
+    const int m =
+        static_cast<int>((reinterpret_cast<uintptr_t>(gi.base) + static_cast<uintptr_t>(row * rb) +
+                          static_cast<uintptr_t>(q * kChunkSb * kB)) &
+                         15);
+    if (q < full) {
+      const int sb = kChunkSb * q + c;
+      const uint8_t* aq = act + kActQSb * sb;
+      const uint8_t* am = act + L.act_m + kActMSb * sb;
+      const int blk = m + c * kB;
+      // Q2_K rows are whole words: every block 4-byte aligned when the base is (warp-uniform).
+      if (kType == GgmlType::kQ2K && __all_sync(0xFFFFFFFFu, (m & 3) == 0))
+        super_block<kType, true>(st, blk, aq, am, acc);
+      else super_block<kType, false>(st, blk, aq, am, acc);
+    } else {  // the last rem super-blocks, shared by the row's four lanes (warp-uniform branch)
+      for (int o = 0; o < rem; ++o) {
+        const int sb = kChunkSb * q + o;
+        const uint8_t* aq = act + kActQSb * sb;
+        const uint8_t* am = act + L.act_m + kActMSb * sb;
+        float t0, t1;
+        unit_pair<kType>(st, m + o * kB, c, aq, am, t0, t1);
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          const float v0 = __shfl_sync(0xFFFFFFFFu, t0, (lane & ~3) | jj);
+          const float v1 = __shfl_sync(0xFFFFFFFFu, t1, (lane & ~3) | jj);
+          if (c == o) {
+            const float* d8 = reinterpret_cast<const float*>(am + 32 * jj);
+            acc[2 * jj] = fma_rn(d8[0], v0, acc[2 * jj]);
+            acc[2 * jj + 1] = fma_rn(d8[4], v1, acc[2 * jj + 1]);
+          }
+        }
+      }
+    }
+    if (q == nq - 1) {
+      const float v = row_butterfly(acc);
+      if (valid && c == 0) p.y[static_cast<int64_t>(out_row(p, group, tok)) * p.rows + row] = v;
+    }
+    __syncwarp();  // every lane is done with stage k
+    if (s + stages < steps) {
+      if (lane < kPassRows) bulk::fence_proxy_async();
+      issue(ij, iq, k);
+      if (++iq == nq) {
+        iq = 0;
+        ++ij;
+      }
+    }
+    if (++k == stages) {
+      k = 0;
+      parity ^= 1u;
+    }
+    if (++q == nq) {
+      q = 0;
+      ++j;
+    }
+  }
+}
+
+// The launch's geometry: stages per warp, grid and activation slots per block, chosen on the
+// host from upper bounds (every group at max_n tokens); the kernel's live ranges are within them.
+struct Geometry {
+  int stages, n_act, bytes;
+  int64_t grid;
+};
+
+int extra_bytes(const MmvqParams& p, int n_act) {
+  const int prefix =
+      p.form == Form::kGroups && p.max_n > 1 ? static_cast<int>(4 * (p.n_groups + 1)) : 0;
+  return (4 * n_act + prefix + 15) / 16 * 16;
+}
+
+// Fits W warps: the most stages up to `want` (at least 2), the grid (one block per resident slot,
+// more when a block would touch more pairs than its activation slots hold). False: does not fit.
+bool geometry(const MmvqParams& p, int slot, int warps, int want, int per_sm_hint, Geometry& g) {
+  const int units = static_cast<int>(p.K / kQK8_1);
+  const int64_t pairs = p.form == Form::kPlain ? p.T : p.n_groups * p.max_n;
+  const int64_t passes = (p.rows + kPassRows - 1) / kPassRows;
+  const int64_t items = passes * pairs;
+  const int64_t resident = static_cast<int64_t>(per_sm_hint) * current_sm_count();
+  int64_t grid = (items + warps - 1) / warps;
+  grid = grid < 1 ? 1 : grid < resident ? grid : resident;
+  for (int s = want; s >= 2; --s) {
+    const Layout L0(slot, units, warps, s, 0);
+    const int per_act = L0.act_bytes + 4;
+    const int64_t room = (kSmemMax - L0.bytes - extra_bytes(p, 0) - 16) / per_act;
+    if (room < 2) continue;
+    int64_t gr = grid;
+    auto acts = [&](int64_t gg) {
+      const int64_t ipb = (items + gg - 1) / gg;
+      const int64_t a = (ipb + passes - 1) / passes + 1;
+      return a < pairs ? a : pairs;
+    };
+    if (acts(gr) > room) gr = (items + (room - 1) * passes - 1) / ((room - 1) * passes);
+    g.stages = s;
+    g.n_act = static_cast<int>(acts(gr));
+    g.grid = gr;
+    g.bytes = Layout(slot, units, warps, s, g.n_act).bytes + extra_bytes(p, g.n_act);
+    return g.bytes <= kSmemMax;
+  }
+  return false;
+}
+
+template <GgmlType kType, int kWarps, bool kPrefix>
+void launch_one(const MmvqParams& p, const Geometry& g, void* stream) {
+  auto* kernel = mmvq_sb_kernel<kType, kWarps, kPrefix>;
+  static int smem_set = 48 * 1024;
+  if (g.bytes > smem_set) {
+    MOECHECK_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g.bytes));
+    smem_set = g.bytes;
+  }
+  kernel<<<static_cast<unsigned>(g.grid), kWarps * kWarpSize, g.bytes, as_stream(stream)>>>(
+      p, g.stages, g.n_act);
+  MOECHECK_CUDA_CHECK(cudaGetLastError());
+}
+
+template <GgmlType kType, int kWarps>
+void launch_prefix(const MmvqParams& p, const Geometry& g, void* stream) {
+  if (p.form == Form::kGroups && p.max_n > 1) launch_one<kType, kWarps, true>(p, g, stream);
+  else launch_one<kType, kWarps, false>(p, g, stream);
+}
+
+template <GgmlType kType>
+void launch_type(const MmvqParams& p, int w, const Geometry& g, void* stream) {
+  switch (w) {
+    case 16: launch_prefix<kType, 16>(p, g, stream); break;
+    case 12: launch_prefix<kType, 12>(p, g, stream); break;
+    case 8: launch_prefix<kType, 8>(p, g, stream); break;
+    default: launch_prefix<kType, 4>(p, g, stream); break;
+  }
+}
+
+}  // namespace
+
+bool supported(const MmvqParams& p, GgmlType t) {
+  if ((t != GgmlType::kQ2K && t != GgmlType::kQ3K) || p.max_n < 1 || p.max_n > kMaxGroupRows ||
+      p.K <= 0 || p.K % kQK_K != 0 || p.K > (int64_t{1} << 20))
+    return false;
+  if (p.form == Form::kGroups && p.max_n > 1 && p.n_groups > kMaxPrefixGroups) return false;
+  const int slot = t == GgmlType::kQ2K ? kSlot<GgmlType::kQ2K> : kSlot<GgmlType::kQ3K>;
+  Geometry g;
+  return geometry(p, slot, 4, 2, 1, g);
+}
+
+void launch(const MmvqParams& p, GgmlType t, int warps, int stages, void* stream) {
+  if ((warps != 0 && warps != 4 && warps != 8 && warps != 12 && warps != 16) ||
+      (stages != 0 && (stages < 2 || stages > 8)))
+    throw InputError(
+        "cuda::mmvq (streamed engine): need warps 0, 4, 8, 12 or 16 and stages 0 or 2..8, found "
+        "warps=" +
+        std::to_string(warps) + " stages=" + std::to_string(stages));
+  const int slot = t == GgmlType::kQ2K ? kSlot<GgmlType::kQ2K> : kSlot<GgmlType::kQ3K>;
+  const int want = stages != 0 ? stages : kDefaultStages;
+  Geometry g;
+  int w = warps != 0 ? warps : kDefaultWarps;
+  // Fewer warps where the rings do not fit (large K): 16, 12, 8, then 4.
+  while (!geometry(p, slot, w, want, 1, g) && w > 4) w = w > 8 ? w - 4 : 4;
+  if (!geometry(p, slot, w, want, 1, g))
+    throw InputError("cuda::mmvq (streamed engine): K=" + std::to_string(p.K) +
+                     " does not fit the engine's shared memory");
+  if (t == GgmlType::kQ2K) launch_type<GgmlType::kQ2K>(p, w, g, stream);
+  else launch_type<GgmlType::kQ3K>(p, w, g, stream);
+}
+
+}  // namespace moecheck::cuda::mmvq_sb
