@@ -94,10 +94,9 @@ void mmq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGroup
 // The MMVQ engines (docs/performance.md "GPU"). kStreamed (the default): the streamed engine
 // (cuda/mmvq_sb.cu: a thread per row and super-block class, weight rows streamed into per-warp
 // rings by bulk copies, one pass per (group, token)) for every launch whose K fits its shared
-// memory (about 29 000) and whose groups hold at most max_tokens tokens (below): the plain form
-// at T = 1, mmvq_experts, and the groups forms of layers of up to 8 tokens (layer_tokens above);
-// the dp4a kernel of cuda/mmvq.cu otherwise. kDp4a: the dp4a kernel for
-// every launch. kTensorCore: the tensor-core engine (cuda/mmvq_tc.cu) for every launch whose
+// memory (about 29 000): the plain form at T = 1, mmvq_experts, and the groups forms of layers of
+// up to 8 tokens (layer_tokens above); the dp4a kernel of cuda/mmvq.cu otherwise. kDp4a: the
+// dp4a kernel for every launch. kTensorCore: the tensor-core engine (cuda/mmvq_tc.cu) for every launch whose
 // groups hold one token (K <= 16384), the dp4a kernel otherwise; measured slower than kDp4a on the
 // H200 (docs/performance.md), kept as a tested alternative. No bit depends on the engine,
 // tc_stages (4 or 6 tile stages per block; 0 = the default) or tc_mode 0 (bulk copies) / 1
@@ -106,11 +105,10 @@ void mmq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGroup
 enum class MmvqEngine { kDp4a, kTensorCore, kStreamed };
 void set_mmvq_engine(MmvqEngine e, int tc_stages = 0, int tc_mode = 0);
 MmvqEngine mmvq_engine();
-// The streamed engine's shape: warps per block (4, 8, 12 or 16), ring stages per warp (2..8)
-// and the largest group (tokens, 1..8) it takes; 0 for the defaults (16 warps, 3 stages, fewer
-// where shared memory is short; groups up to 8 tokens). No bit depends on it. Process-wide, for
-// benchmarks and tests; not thread-safe.
-void set_mmvq_stream_shape(int warps, int stages, int max_tokens = 0);
+// The streamed engine's shape: warps per block (4, 8, 12 or 16) and ring stages per warp (2..8);
+// 0 for the defaults (16 warps, 3 stages, fewer where shared memory is short). No bit depends on
+// it. Process-wide, for benchmarks and tests; not thread-safe.
+void set_mmvq_stream_shape(int warps, int stages);
 // Caps the dp4a kernel's persistent grid at `cap` blocks per multiprocessor (0: as many as fit),
 // leaving room for a concurrent kernel (the shared expert on the side stream). No bit depends on
 // it. Process-wide, for benchmarks; not thread-safe.

@@ -32,7 +32,7 @@ namespace {
 
 MmvqEngine g_engine = MmvqEngine::kStreamed;
 int g_tc_stages = 0, g_tc_mode = 0;
-int g_sb_warps = 0, g_sb_stages = 0, g_sb_max_n = kMaxGroupRows;
+int g_sb_warps = 0, g_sb_stages = 0;
 int g_blocks_per_sm = 0;
 int g_rows_per_warp = 0;
 
@@ -252,8 +252,7 @@ void launch(MmvqParams p, GgmlType t, int64_t n_groups, int max_n, int warps, co
   p.n_groups = n_groups;
   require_aligned(p.a, 4, op, "a");
   require_aligned(p.y, 4, op, "y");
-  if (g_engine == MmvqEngine::kStreamed && streamed_ok && max_n <= g_sb_max_n &&
-      mmvq_sb::supported(p, t)) {
+  if (g_engine == MmvqEngine::kStreamed && streamed_ok && mmvq_sb::supported(p, t)) {
     mmvq_sb::launch(p, t, g_sb_warps, g_sb_stages, stream);
     return;
   }
@@ -281,18 +280,15 @@ void set_mmvq_engine(MmvqEngine e, int tc_stages, int tc_mode) {
 
 MmvqEngine mmvq_engine() { return g_engine; }
 
-void set_mmvq_stream_shape(int warps, int stages, int max_tokens) {
+void set_mmvq_stream_shape(int warps, int stages) {
   if ((warps != 0 && warps != 4 && warps != 8 && warps != 12 && warps != 16) ||
-      (stages != 0 && (stages < 2 || stages > 8)) || max_tokens < 0 || max_tokens > kMaxGroupRows)
+      (stages != 0 && (stages < 2 || stages > 8)))
     throw InputError(
-        "cuda::set_mmvq_stream_shape: need warps 0, 4, 8, 12 or 16, stages 0 or 2..8 and "
-        "max_tokens 0..8, "
-        "found warps=" +
-        std::to_string(warps) + " stages=" + std::to_string(stages) +
-        " max_tokens=" + std::to_string(max_tokens));
+        "cuda::set_mmvq_stream_shape: need warps 0, 4, 8, 12 or 16 and stages 0 or 2..8, found "
+        "warps=" +
+        std::to_string(warps) + " stages=" + std::to_string(stages));
   g_sb_warps = warps;
   g_sb_stages = stages;
-  g_sb_max_n = max_tokens == 0 ? kMaxGroupRows : max_tokens;
 }
 
 void set_mmvq_rows_per_warp(int r) {

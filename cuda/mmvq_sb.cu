@@ -45,6 +45,7 @@
 #include "cuda/bulk_copy.cuh"
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
+#include "cuda/mmvq_units.cuh"
 
 namespace moecheck::cuda::mmvq_sb {
 namespace {
@@ -97,15 +98,11 @@ struct Layout {
 __device__ __forceinline__ int act_q_off(int g) { return kActQSb * (g >> 3) + 32 * (g & 7); }
 __device__ __forceinline__ int act_m_off(int g) { return kActMSb * (g >> 3) + 16 * (g & 7); }
 
-// Unsigned bytes of a times signed bytes of b (dp4a.u32.s32): masked quants reach 192.
-__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
-  int r;
-  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-  return r;
-}
+using mmvq_units::dp4a_us;  // masked quants reach 192: unsigned times the signed activation
 
-__device__ __forceinline__ float f16_arith(uint32_t h) {
-  return __half2float(__ushort_as_half(static_cast<uint16_t>(h & 0xFFFFu)));
+// The f16 in the low half of a shared word, widened (cuda/mmvq_units.cuh f16_arith).
+__device__ __forceinline__ float low_f16(uint32_t w) {
+  return mmvq_units::f16_arith(static_cast<uint16_t>(w));
 }
 
 // The block's activation slots: slot j gets the q8_1 row rows[j] (units blocks each; rows[j] < 0:
@@ -136,7 +133,7 @@ __device__ __forceinline__ void stage_acts(const BlockQ8_1* a, const int* rows, 
       const int j = idx / words, w = idx - j * words;
       const int g = w / 9, k = w - 9 * g;
       uint8_t* slot = acts + j * act_bytes;
-      if (k == 0) *reinterpret_cast<float*>(slot + act_m + act_m_off(g)) = f16_arith(v[i]);
+      if (k == 0) *reinterpret_cast<float*>(slot + act_m + act_m_off(g)) = low_f16(v[i]);
       else *reinterpret_cast<uint32_t*>(slot + act_q_off(g) + 4 * (k - 1)) = v[i];
     }
   }
@@ -235,7 +232,7 @@ __device__ __forceinline__ void super_block(const uint8_t* st, int blk, const ui
     uint32_t w[21];  // scales 0-3, qs 4-19, d | dmin 20
     if constexpr (kAligned) lds_words_aligned<21>(st, blk, w);
     else lds_words<21>(st, blk, w);
-    const float d = f16_arith(w[20]), dmin = f16_arith(w[20] >> 16);
+    const float d = low_f16(w[20]), dmin = low_f16(w[20] >> 16);
 #pragma unroll
     for (int b = 0; b < 8; ++b) {
       const uint4 x0 = *reinterpret_cast<const uint4*>(aq + 32 * b);
@@ -249,7 +246,7 @@ __device__ __forceinline__ void super_block(const uint8_t* st, int blk, const ui
   } else {
     uint32_t w[28];  // hmask 0-7, qs 8-23, scales 24-26, d 27
     lds_words<28>(st, blk, w);
-    const float d = f16_arith(w[27]);
+    const float d = low_f16(w[27]);
     uint32_t S[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) S[k] = q3k_scale_word(w[24], w[25], w[26], k);
@@ -281,7 +278,7 @@ __device__ __forceinline__ void unit_pair(const uint8_t* st, int blk, int j, con
     lds_words<8>(st, blk + 16 + 32 * h, qs);
     const uint32_t sw = lds_u32(st, blk + 4 * j);  // scales[4j .. 4j + 3]: units 2j, 2j + 1
     const uint32_t dd = lds_u32(st, blk + 80);
-    const float d = f16_arith(dd), dmin = f16_arith(dd >> 16);
+    const float d = low_f16(dd), dmin = low_f16(dd >> 16);
     const int s = 2 * (j & 1);
     t0 = q2k_t<false>(qs, s, sw, d, dmin, x00, x01, m0.y);
     t1 = q2k_t<true>(qs, s + 1, sw, d, dmin, x10, x11, m1.y);
@@ -290,7 +287,7 @@ __device__ __forceinline__ void unit_pair(const uint8_t* st, int blk, int j, con
     lds_words<8>(st, blk + 32 + 32 * h, qs);
     lds_words<8>(st, blk, hm);
     lds_words<3>(st, blk + 96, sc);
-    const float d = f16_arith(lds_u16(st, blk + 108));
+    const float d = low_f16(lds_u16(st, blk + 108));
     const uint32_t sw = q3k_scale_word(sc[0], sc[1], sc[2], j);
     t0 = q3k_t<false>(qs, hm, 2 * j, sw, d, x00, x01, m0);
     t1 = q3k_t<true>(qs, hm, 2 * j + 1, sw, d, x10, x11, m1);
@@ -553,14 +550,14 @@ int extra_bytes(const MmvqParams& p, int n_act) {
   return (4 * n_act + prefix + 15) / 16 * 16;
 }
 
-// Fits W warps: the most stages up to `want` (at least 2), the grid (one block per resident slot,
+// Fits W warps: the most stages up to `want` (at least 2), the grid (one block per multiprocessor,
 // more when a block would touch more pairs than its activation slots hold). False: does not fit.
-bool geometry(const MmvqParams& p, int slot, int warps, int want, int per_sm_hint, Geometry& g) {
+bool geometry(const MmvqParams& p, int slot, int warps, int want, Geometry& g) {
   const int units = static_cast<int>(p.K / kQK8_1);
   const int64_t pairs = p.form == Form::kPlain ? p.T : p.n_groups * p.max_n;
   const int64_t passes = (p.rows + kPassRows - 1) / kPassRows;
   const int64_t items = passes * pairs;
-  const int64_t resident = static_cast<int64_t>(per_sm_hint) * current_sm_count();
+  const int64_t resident = current_sm_count();
   int64_t grid = (items + warps - 1) / warps;
   grid = grid < 1 ? 1 : grid < resident ? grid : resident;
   for (int s = want; s >= 2; --s) {
@@ -623,23 +620,18 @@ bool supported(const MmvqParams& p, GgmlType t) {
   if (p.form == Form::kGroups && p.max_n > 1 && p.n_groups > kMaxPrefixGroups) return false;
   const int slot = t == GgmlType::kQ2K ? kSlot<GgmlType::kQ2K> : kSlot<GgmlType::kQ3K>;
   Geometry g;
-  return geometry(p, slot, 4, 2, 1, g);
+  return geometry(p, slot, 4, 2, g);
 }
 
 void launch(const MmvqParams& p, GgmlType t, int warps, int stages, void* stream) {
-  if ((warps != 0 && warps != 4 && warps != 8 && warps != 12 && warps != 16) ||
-      (stages != 0 && (stages < 2 || stages > 8)))
-    throw InputError(
-        "cuda::mmvq (streamed engine): need warps 0, 4, 8, 12 or 16 and stages 0 or 2..8, found "
-        "warps=" +
-        std::to_string(warps) + " stages=" + std::to_string(stages));
   const int slot = t == GgmlType::kQ2K ? kSlot<GgmlType::kQ2K> : kSlot<GgmlType::kQ3K>;
   const int want = stages != 0 ? stages : kDefaultStages;
   Geometry g;
   int w = warps != 0 ? warps : kDefaultWarps;
   // Fewer warps where the rings do not fit (large K): 16, 12, 8, then 4.
-  while (!geometry(p, slot, w, want, 1, g) && w > 4) w = w > 8 ? w - 4 : 4;
-  if (!geometry(p, slot, w, want, 1, g))
+  bool fits;
+  while (!(fits = geometry(p, slot, w, want, g)) && w > 4) w = w > 8 ? w - 4 : 4;
+  if (!fits)
     throw InputError("cuda::mmvq (streamed engine): K=" + std::to_string(p.K) +
                      " does not fit the engine's shared memory");
   if (t == GgmlType::kQ2K) launch_type<GgmlType::kQ2K>(p, w, g, stream);

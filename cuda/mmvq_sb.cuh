@@ -1,8 +1,7 @@
 // The streamed MMVQ engine (cuda/mmvq_sb.cu), taken by cuda/mmvq.cu's launcher when
 // cuda::MmvqEngine::kStreamed is set (the default) for the plain form at T = 1, mmvq_experts and
-// the groups forms of layers of up to 8 tokens (cuda/kernels.h layer_tokens), when their groups
-// hold at most the tokens set by cuda::set_mmvq_stream_shape (default 8). Same contract and bits
-// as the dp4a kernel: docs/numerics.md "mmvq_q2k, mmvq_q3k"; the schedule is described in
+// the groups forms of layers of up to 8 tokens (cuda/kernels.h layer_tokens). Same contract and
+// bits as the dp4a kernel: docs/numerics.md "mmvq_q2k, mmvq_q3k"; the schedule is described in
 // cuda/mmvq_sb.cu and docs/performance.md.
 #pragma once
 
@@ -20,8 +19,9 @@ namespace moecheck::cuda::mmvq_sb {
 bool supported(const mmvq_tiles::MmvqParams& p, GgmlType t);
 
 // Launches the engine on validated parameters (cuda/mmvq.cu launch() has checked shapes and
-// filled row_bytes, max_n, n_groups). warps (4 or 8) and stages (2..8) per warp: 0 for the
-// defaults (8 warps, 4 stages, fewer where shared memory is short).
+// filled row_bytes, max_n, n_groups; cuda::set_mmvq_stream_shape the shape). warps (4, 8, 12 or
+// 16) and stages per warp (2..8): 0 for the defaults (16 warps, 3 stages, fewer where shared
+// memory is short).
 void launch(const mmvq_tiles::MmvqParams& p, GgmlType t, int warps, int stages, void* stream);
 
 }  // namespace moecheck::cuda::mmvq_sb

@@ -85,8 +85,8 @@ TEST_P(MmvqTest, PlainEqualsEmu_100Seeds) {
         gputest::repro(seed, "K=" + std::to_string(K) + " rows=" + std::to_string(rows) +
                                  " T=" + std::to_string(T));
     ASSERT_TRUE(same_f32("mmvq", first, want, rows, r));
-    // The second run through the one-row-per-warp kernel (the fallback where two rows' tiles do
-    // not fit): the same bits.
+    // The second run with one row per warp: the dp4a kernel's fallback where two rows' tiles do
+    // not fit (the launches the other engines take run again unchanged): the same bits.
     dy.poison();
     cuda::set_mmvq_rows_per_warp(1);
     cuda::mmvq(type, dw.p, da.get(), dy.get(), rows, K, T, warps, nullptr);
