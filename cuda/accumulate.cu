@@ -54,6 +54,7 @@ void accumulate(const int32_t* rows, const float* weights, int64_t topk, const f
   }
   require_aligned(acc, 4, "accumulate", "acc");
   const int64_t n = T * dim;
+  prefer_shared_carveout(reinterpret_cast<const void*>(accumulate_kernel));
   accumulate_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0,
                       as_stream(stream)>>>(rows, weights, topk, down, shared, acc, y, T, dim);
   MOECHECK_CUDA_CHECK(cudaGetLastError());

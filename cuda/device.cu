@@ -1,13 +1,18 @@
 // Device discovery for the command line and the tests: whether a CUDA device can be used (and
 // why not), and its name. Never aborts: a machine without a GPU is a normal case. Also the
-// current device's multiprocessor count for the kernels' persistent grids (cuda/device_util.cuh).
+// current device's multiprocessor count for the kernels' persistent grids (cuda/device_util.cuh),
+// and the host thread's programmatic-launch mode (cuda/pdl.cuh).
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
 #include "cuda/moe_layer.h"
+#include "cuda/pdl.cuh"
 
 namespace moecheck::cuda {
 
@@ -33,6 +38,40 @@ std::string device_name(int device) {
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return "";
   return prop.name;
+}
+
+namespace pdl {
+namespace {
+thread_local Mode g_mode = Mode::kOff;
+}  // namespace
+
+Mode mode() { return g_mode; }
+Scope::Scope(Mode m) : prev_(g_mode) { g_mode = m; }
+Scope::~Scope() { g_mode = prev_; }
+}  // namespace pdl
+
+namespace {
+std::mutex g_carve_mu;
+bool g_carve_max = true;
+std::map<std::pair<const void*, int>, int> g_carve;  // (kernel, device) -> carveout set
+}  // namespace
+
+void set_max_shared_carveout(bool on) {
+  const std::lock_guard<std::mutex> lock(g_carve_mu);
+  g_carve_max = on;
+}
+
+void prefer_shared_carveout(const void* kernel) {
+  int dev = 0;
+  MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(g_carve_mu);
+  const int want = g_carve_max ? static_cast<int>(cudaSharedmemCarveoutMaxShared)
+                               : static_cast<int>(cudaSharedmemCarveoutDefault);
+  auto [it, fresh] = g_carve.try_emplace({kernel, dev}, want);
+  if (!fresh && it->second == want) return;
+  MOECHECK_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, want));
+  it->second = want;
 }
 
 int current_sm_count() {

@@ -30,6 +30,14 @@ __device__ __forceinline__ float biased_float(int v_plus_bias) {
 // The multiprocessors of the current device (the persistent grids' size).
 int current_sm_count();
 
+// Before a launch of `kernel` on the current device: its preferred shared-memory carveout set to
+// the largest (cuda::set_max_shared_carveout, on by default) or back to the driver's default,
+// once per kernel, device and setting. A multiprocessor's carveout changes only when it is idle,
+// so a kernel with a small carveout waits for an SM whose resident blocks configured it
+// smaller than it needs (measured: the router behind the shared expert's GEMV blocks,
+// docs/performance.md); with every kernel of the layer at the largest, none waits for that.
+void prefer_shared_carveout(const void* kernel);
+
 // butterfly(v): o = 16, 8, 4, 2, 1, v = add_rn(v, partner's v). Every lane ends with lane 0's
 // bits because add_rn is commutative (numerics.md "Butterfly").
 __device__ __forceinline__ float warp_butterfly(float v) {

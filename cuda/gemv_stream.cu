@@ -16,6 +16,7 @@
 #include "cuda/device_util.cuh"
 #include "cuda/gemv_plain.cuh"
 #include "cuda/kernels.h"
+#include "cuda/pdl.cuh"
 
 namespace moecheck::cuda {
 namespace {
@@ -62,7 +63,7 @@ __device__ __forceinline__ const uint16_t* row_src(const detail::GemvArgs& p, in
 // three MMVQ blocks of 80 registers (61440 of the 65536 registers of an sm_90 multiprocessor).
 template <int kWarps>
 __global__ void __launch_bounds__(kWarps* kWarpSize, kWarps == 2 ? 16 : 1)
-    gemv_stream_kernel(detail::GemvArgs p, int64_t total_rows, StreamLayout L) {
+    gemv_stream_kernel(detail::GemvArgs p, int64_t total_rows, StreamLayout L, bool early) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
   const int warp = static_cast<int>(threadIdx.x / kWarpSize);
@@ -74,6 +75,12 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, kWarps == 2 ? 16 : 1)
   const int64_t r0 = total_rows * gw / nw;
   const int n = static_cast<int>(total_rows * (gw + 1) / nw - r0);
   const uint32_t rb = static_cast<uint32_t>(L.row_bytes);
+  // Programmatic launch (cuda/pdl.cuh): x is the predecessor's output; the weights are constants,
+  // so under kEarlyReads the first rows are in flight before the wait.
+  if (!early) {
+    pdl::wait();
+    pdl::launch_dependents();
+  }
   if (lane == 0) {
     for (int s = 0; s < S; ++s) bulk::bar_init(bar + s, 1);
     bulk::fence_bar_init();
@@ -81,6 +88,10 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, kWarps == 2 ? 16 : 1)
       bulk::bar_expect_tx(bar + s, rb);
       bulk::copy(ring + s * L.row_bytes, row_src(p, r0 + s), rb, bar + s);
     }
+  }
+  if (early) {
+    pdl::wait();
+    pdl::launch_dependents();
   }
   const int nchunks = static_cast<int>(p.K / kGemvChunk);
   uint4* xs = reinterpret_cast<uint4*>(smem + L.x_off);
@@ -127,8 +138,9 @@ void launch_warps(const detail::GemvArgs& a, int n_mat, const StreamLayout& L, v
   const int64_t blocks_needed = (warps + kWarps - 1) / kWarps;
   const int64_t sms = current_sm_count();
   const unsigned grid = static_cast<unsigned>(blocks_needed < sms ? blocks_needed : sms);
-  gemv_stream_kernel<kWarps><<<grid, kWarps * kWarpSize, L.bytes, as_stream(stream)>>>(a, total, L);
-  MOECHECK_CUDA_CHECK(cudaGetLastError());
+  pdl::launch(gemv_stream_kernel<kWarps>, dim3(grid), dim3(kWarps * kWarpSize),
+              static_cast<size_t>(L.bytes), as_stream(stream), a, total, L,
+              pdl::mode() == pdl::Mode::kEarlyReads);
 }
 
 }  // namespace

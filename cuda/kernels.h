@@ -122,6 +122,11 @@ void set_mmvq_rows_per_warp(int r);
 // takes the register-staged kernel (cuda/bf16_gemv.cu). No bit depends
 // on it. Process-wide, for tests and benchmarks; not thread-safe.
 void set_bf16_gemv_stream(bool on);
+// The layer's kernels (the router, the selection, the streaming GEMVs, SwiGLU, the streamed MMVQ,
+// the accumulation) ask for the largest shared-memory carveout (true, the default) or the
+// driver's default (false, as before), so that their blocks can share a multiprocessor (cuda/
+// device_util.cuh prefer_shared_carveout). No bit depends on it. Process-wide, for benchmarks.
+void set_max_shared_carveout(bool on);
 // The streaming kernel's shape: warps per block (2, 4 or 8; two warps at most 64 registers)
 // and row stages per warp (2 to 8, lowered to what fits a block's shared memory; 0: as many as
 // fit, up to 8); two stages must fit (K up to about 23 000 on 2 warps, 11 600 on 4, 5 800 on

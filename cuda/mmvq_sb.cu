@@ -46,6 +46,7 @@
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
 #include "cuda/mmvq_units.cuh"
+#include "cuda/pdl.cuh"
 
 namespace moecheck::cuda::mmvq_sb {
 namespace {
@@ -358,7 +359,7 @@ __device__ __forceinline__ void build_prefix(const MmvqParams& p, int64_t G, int
 
 template <GgmlType kType, int kWarps, bool kPrefix>
 __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
-    mmvq_sb_kernel(MmvqParams p, int stages, int n_act) {
+    mmvq_sb_kernel(MmvqParams p, int stages, int n_act, bool early) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kB = kBB<kType>;
   constexpr int kS = kSlot<kType>;
@@ -373,6 +374,13 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   uint8_t* acts = smem + L.acts;
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem + L.bar) + warp * stages;
   int* act_rows = reinterpret_cast<int*>(smem + L.bytes);
+  // Programmatic launch (cuda/pdl.cuh): the activations are the predecessor's output. Under
+  // kEarlyReads the plan (group counts, slot pointers) was complete before the predecessor
+  // started, so the rings start filling before the wait; otherwise everything waits.
+  if (!early) {
+    pdl::wait();
+    pdl::launch_dependents();
+  }
 
   const int64_t G = p.form == Form::kPlain ? 0 : live_groups(p);
   int32_t* pre = nullptr;
@@ -385,7 +393,10 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   const int passes = static_cast<int>((p.rows + kPassRows - 1) / kPassRows);
   const int64_t total = passes * pairs.total();
   const int64_t b0 = total * blockIdx.x / gridDim.x, b1 = total * (blockIdx.x + 1) / gridDim.x;
-  if (b1 <= b0) return;  // block-uniform: no pass here
+  if (b1 <= b0) {  // block-uniform: no pass here
+    pdl::wait();
+    return;
+  }
   const int64_t pi0 = b0 / passes;
   const int np = static_cast<int>((b1 - 1) / passes - pi0 + 1);  // <= n_act (the launch's bound)
   if (np > n_act) __trap();
@@ -443,6 +454,10 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
       iq = 0;
       ++ij;
     }
+  }
+  if (early) {
+    pdl::wait();
+    pdl::launch_dependents();
   }
   // The activation rows of the block's pairs pi0 .. pi0 + np - 1, one slot each.
   for (int j = static_cast<int>(threadIdx.x); j < np; j += kThreads) {
@@ -590,9 +605,9 @@ void launch_one(const MmvqParams& p, const Geometry& g, void* stream) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g.bytes));
     smem_set = g.bytes;
   }
-  kernel<<<static_cast<unsigned>(g.grid), kWarps * kWarpSize, g.bytes, as_stream(stream)>>>(
-      p, g.stages, g.n_act);
-  MOECHECK_CUDA_CHECK(cudaGetLastError());
+  pdl::launch(kernel, dim3(static_cast<unsigned>(g.grid)), dim3(kWarps * kWarpSize),
+              static_cast<size_t>(g.bytes), as_stream(stream), p, g.stages, g.n_act,
+              pdl::mode() == pdl::Mode::kEarlyReads);
 }
 
 template <GgmlType kType, int kWarps>

@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "cuda/moe_layer_impl.cuh"
+#include "cuda/pdl.cuh"
 
 namespace moecheck::cuda {
 
@@ -214,13 +215,19 @@ void MoeLayer::Impl::pre_route(const uint16_t* xin, int64_t T, bool predicting) 
 }
 
 // The shared expert on all T tokens (stream s), reading x / x_q8, writing sd.
-void MoeLayer::Impl::shared_expert(int64_t T, cudaStream_t s) {
+void MoeLayer::Impl::shared_expert(int64_t T, cudaStream_t s, bool programmatic) {
   const MoeConfig& c = w.config;
   if (dense_shared) {
+    using pdl::Mode;
     bf16_gemv_pair(sh_gate.as<uint16_t>(), sh_up.as<uint16_t>(), x.as<uint16_t>(), sg.as<float>(),
                    su.as<float>(), c.inter, c.dim, T, s);
-    swiglu_bf16(sg.as<float>(), su.as<float>(), sh.as<float>(), shb.as<uint16_t>(), T, c.inter,
-                c.shared_swiglu_limit(), s);
+    {
+      const pdl::Scope sc(programmatic ? Mode::kLaunch : Mode::kOff);
+      swiglu_bf16(sg.as<float>(), su.as<float>(), sh.as<float>(), shb.as<uint16_t>(), T, c.inter,
+                  c.shared_swiglu_limit(), s);
+    }
+    // The down weights are constants: its first rows may stream before h is ready.
+    const pdl::Scope sc(programmatic ? Mode::kEarlyReads : Mode::kOff);
     bf16_gemv(sh_down.as<uint16_t>(), shb.as<uint16_t>(), sd.as<float>(), c.dim, c.inter, T, s);
   } else {
     const int ew = o.expert_warps;

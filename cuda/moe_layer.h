@@ -35,7 +35,19 @@ struct LayerOptions {
   // and the selection, which fill few SMs; larger forwards fork it after the router. Measured
   // best at 1 on the H200 (docs/performance.md). No bit depends on it.
   int64_t shared_fork_max_tokens = 1;
+  // Device route: the launches of its chains (selection -> MMVQ -> SwiGLU -> MMVQ on the main
+  // stream, the bf16 shared expert's SwiGLU -> GEMV on the side stream) made as programmatic
+  // dependent launches (cuda/pdl.cuh), so each kernel starts while its predecessor finishes and
+  // the down projections' first weight rows are in flight before their inputs are. No bit
+  // depends on it.
+  bool programmatic_launch = true;
   bool use_graphs = false;  // replay the post-routing launches as a CUDA graph
+  // Captured graphs run their kernels at the priorities of the streams they were captured on
+  // (the main stream's above the side stream's: cudaGraphInstantiateFlagUseNodePriority), not
+  // all at the priority of the stream they are replayed on. Measured: without it, the one-token
+  // graph's router waited about 9 us behind the shared expert's GEMV (docs/performance.md). No
+  // bit depends on it.
+  bool graph_node_priority = true;
   int device = 0;
   RoutePlace route = RoutePlace::kHost;
   // Experts with at most this many pairs (0..8) run through MMVQ, one group each; the others

@@ -143,7 +143,8 @@ struct MoeLayer::Impl {
       fn(capture);
       MOECHECK_CUDA_CHECK(cudaStreamEndCapture(capture, &g));
       cudaGraphExec_t ge = nullptr;
-      MOECHECK_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+      MOECHECK_CUDA_CHECK(cudaGraphInstantiate(
+          &ge, g, o.graph_node_priority ? cudaGraphInstantiateFlagUseNodePriority : 0));
       MOECHECK_CUDA_CHECK(cudaGraphDestroy(g));
       it = graphs.emplace(key, ge).first;
     }
@@ -173,7 +174,9 @@ struct MoeLayer::Impl {
   void check_tokens(int64_t T, const char* op) const;
   void reserve_plan(size_t bytes);
   void pre_route(const uint16_t* xin, int64_t T, bool predicting);
-  void shared_expert(int64_t T, cudaStream_t s);
+  // programmatic: the bf16 shared expert's second and third launches as programmatic dependent
+  // launches (cuda/pdl.cuh; the device route's side stream).
+  void shared_expert(int64_t T, cudaStream_t s, bool programmatic = false);
   void pack_plan(const LayerPlan& p, const PlanLayout& L);
   void routed(const LayerPlan& p, const PlanLayout& L);
   void routed_gate_up(const LayerPlan& p, const uint8_t* const* slots, const MmvqGroup* groups);

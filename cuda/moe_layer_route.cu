@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/numfmt.h"
 #include "cuda/moe_layer_impl.cuh"
+#include "cuda/pdl.cuh"
 
 namespace moecheck::cuda {
 
@@ -94,10 +95,19 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked) {
   const int32_t* row = table_row();
   const float* bvl = w.bias_vl != nullptr ? bias_vl.as<float>() : nullptr;
   const uint8_t* mk = masked ? mask.as<uint8_t>() : nullptr;
+  // Programmatic launches (cuda/pdl.cuh): the selection after the router, the gate / up MMVQ
+  // after the plan (nothing read before its wait), SwiGLU, and the down MMVQ, whose plan was
+  // complete before SwiGLU started (SwiGLU waits on the gate / up launches, which waited on the
+  // plan), so its first weight rows stream before its wait.
+  using pdl::Mode;
+  const Mode launch_mode = o.programmatic_launch ? Mode::kLaunch : Mode::kOff;
+  const Mode early_mode = o.programmatic_launch ? Mode::kEarlyReads : Mode::kOff;
   if (T == 1) {  // selection and plan in one launch
+    const pdl::Scope sc(launch_mode);
     route_select_plan_one(logits.as<float>(), bias.as<float>(), bvl, mk, rp, row, layer_header(T),
                           slot_array(0), slot_array(1), slot_array(2), dplan.as<uint8_t>(), main);
   } else {
+    const pdl::Scope sc(launch_mode);
     route_select(logits.as<float>(), T, bias.as<float>(), bvl, mk, rp, row, layer_header(T), main);
     route_plan(layer_header(T), T, rp, row, slot_array(0), slot_array(1), slot_array(2),
                dplan.as<uint8_t>(), main);
@@ -109,25 +119,37 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked) {
   const BlockQ8_1* xq = x_q8.as<BlockQ8_1>();
   // MMVQ over the Gs groups counts[3] of each projection, MMQ over [Gs, G) (counts[1]).
   if (w.gate_exps.type == w.up_exps.type) {
-    mmvq_groups_planned(w.gate_exps.type, slots, groups, counts + 3, 2, P, max_n, xq,
-                        gu.as<float>(), c.inter, c.dim, ew, main, T);
+    {
+      const pdl::Scope sc(launch_mode);
+      mmvq_groups_planned(w.gate_exps.type, slots, groups, counts + 3, 2, P, max_n, xq,
+                          gu.as<float>(), c.inter, c.dim, ew, main, T);
+    }
     if (T > o.mmvq_max_rows)
       mmq_groups_planned(w.gate_exps.type, slots, groups, counts, 2, P, xq, gu.as<float>(), c.inter,
                          c.dim, main);
   } else {
     for (int j = 0; j < 2; ++j) {
       const GgmlType t = j == 0 ? w.gate_exps.type : w.up_exps.type;
-      mmvq_groups_planned(t, slots, groups + j * P, counts + 3, 1, P, max_n, xq, gu.as<float>(),
-                          c.inter, c.dim, ew, main, T);
+      {
+        const pdl::Scope sc(launch_mode);
+        mmvq_groups_planned(t, slots, groups + j * P, counts + 3, 1, P, max_n, xq, gu.as<float>(),
+                            c.inter, c.dim, ew, main, T);
+      }
       if (T > o.mmvq_max_rows)
         mmq_groups_planned(t, slots, groups + j * P, counts, 1, P, xq, gu.as<float>(), c.inter,
                            c.dim, main);
     }
   }
-  swiglu_q8(gu.as<float>(), gu.as<float>() + P * c.inter, h.as<float>(), h_q8.as<BlockQ8_1>(), P,
-            c.inter, c.swiglu_limit, main);
-  mmvq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts + 3, 1, P, max_n,
-                      h_q8.as<BlockQ8_1>(), down.as<float>(), c.dim, c.inter, ew, main, T);
+  {
+    const pdl::Scope sc(launch_mode);
+    swiglu_q8(gu.as<float>(), gu.as<float>() + P * c.inter, h.as<float>(), h_q8.as<BlockQ8_1>(),
+              P, c.inter, c.swiglu_limit, main);
+  }
+  {
+    const pdl::Scope sc(early_mode);
+    mmvq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts + 3, 1, P, max_n,
+                        h_q8.as<BlockQ8_1>(), down.as<float>(), c.dim, c.inter, ew, main, T);
+  }
   if (T > o.mmvq_max_rows)
     mmq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts, 1, P, h_q8.as<BlockQ8_1>(),
                        down.as<float>(), c.dim, c.inter, main);
@@ -188,7 +210,7 @@ void MoeLayer::Impl::device_body(int64_t T, bool masked) {
   auto fork = [&] {
     MOECHECK_CUDA_CHECK(cudaEventRecord(ev_in, main));
     MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(side, ev_in, 0));
-    shared_expert(T, side);
+    shared_expert(T, side, o.programmatic_launch);
     MOECHECK_CUDA_CHECK(cudaEventRecord(ev_out, side));
   };
   if (fork_at == 0) fork();

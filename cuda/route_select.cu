@@ -13,6 +13,7 @@
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
 #include "cuda/kernels.h"
+#include "cuda/pdl.cuh"
 
 namespace moecheck::cuda {
 namespace {
@@ -278,6 +279,8 @@ __global__ void __launch_bounds__(1024) route_select_kernel(SelectArgs a) {
   const int n = static_cast<int>(a.rp.n_routed), k = static_cast<int>(a.rp.topk);
   const int lane = static_cast<int>(threadIdx.x);
   const int64_t t = blockIdx.x;
+  pdl::wait();  // the logits (cuda/pdl.cuh: nothing is read before it)
+  pdl::launch_dependents();
   if (a.init && threadIdx.x == 0) header_init(a.hdr, a.T, k);
   float* s = reinterpret_cast<float*>(smem);
   float* key = s + n;
@@ -344,8 +347,8 @@ void launch_select(const SelectArgs& a, void* stream) {
   const int threads =
       static_cast<int>(n > 1024 ? 1024 : (n + kWarpSize - 1) / kWarpSize * kWarpSize);
   const size_t smem = static_cast<size_t>(n) * 8;
-  route_select_kernel<<<static_cast<unsigned>(a.T), threads, smem, as_stream(stream)>>>(a);
-  MOECHECK_CUDA_CHECK(cudaGetLastError());
+  pdl::launch(route_select_kernel, dim3(static_cast<unsigned>(a.T)), dim3(threads), smem,
+              as_stream(stream), a);
 }
 
 }  // namespace

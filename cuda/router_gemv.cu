@@ -13,6 +13,7 @@
 #include "cuda/device_util.cuh"
 #include "cuda/gemv_plain.cuh"
 #include "cuda/kernels.h"
+#include "cuda/pdl.cuh"
 #include "cuda/q8_1_block.cuh"
 
 namespace moecheck::cuda {
@@ -32,6 +33,8 @@ __global__ void __launch_bounds__(kRouterStagedThreads)
   const int n = static_cast<int>(T - t0 < kMaxGroupRows ? T - t0 : kMaxGroupRows);
   const uint16_t* wrow = w + row * K;
   const int64_t nchunks = K / kGemvChunk;
+  pdl::wait();  // a no-op unless launched programmatically (cuda/pdl.cuh)
+  pdl::launch_dependents();  // the selection may start and wait for the logits
 
   float acc[kMaxGroupRows];
 #pragma unroll
@@ -119,6 +122,8 @@ void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y
   require_aligned(y, 4, "router_gemv", "y");
   const dim3 grid(static_cast<unsigned>(rows),
                   static_cast<unsigned>((T + kMaxGroupRows - 1) / kMaxGroupRows));
+  prefer_shared_carveout(f16 ? reinterpret_cast<const void*>(router_staged_kernel<true>)
+                             : reinterpret_cast<const void*>(router_staged_kernel<false>));
   if (f16)
     router_staged_kernel<true>
         <<<grid, kRouterStagedThreads, 0, as_stream(stream)>>>(w, x, y, rows, K, T, x_q8);

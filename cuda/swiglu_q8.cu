@@ -8,6 +8,7 @@
 #include "core/portable_math.h"
 #include "cuda/check.h"
 #include "cuda/kernels.h"
+#include "cuda/pdl.cuh"
 #include "cuda/q8_1_block.cuh"
 
 namespace moecheck::cuda {
@@ -20,6 +21,8 @@ __global__ void __launch_bounds__(kSwigluWarps* kWarpSize)
                      float limit) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t blk = static_cast<int64_t>(blockIdx.x) * kSwigluWarps + threadIdx.x / kWarpSize;
+  pdl::wait();  // g and u (cuda/pdl.cuh)
+  pdl::launch_dependents();
   if (blk >= n_blocks) return;  // whole warps leave together
   const int64_t i = blk * kQK8_1 + lane;
   const float v = swiglu(__ldg(g + i), __ldg(u + i), limit);
@@ -30,6 +33,8 @@ __global__ void __launch_bounds__(kSwigluWarps* kWarpSize)
 __global__ void swiglu_bf16_kernel(const float* g, const float* u, float* h, uint16_t* hb,
                                    int64_t n, float limit) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  pdl::wait();  // g and u (cuda/pdl.cuh)
+  pdl::launch_dependents();
   if (i >= n) return;
   const float v = swiglu(__ldg(g + i), __ldg(u + i), limit);
   if (h != nullptr) h[i] = v;
@@ -55,9 +60,8 @@ void swiglu_q8(const float* g, const float* u, float* h, BlockQ8_1* hq, int64_t 
   require_aligned(h, 4, "swiglu_q8", "h");
   if (hq != nullptr) require_aligned(hq, 4, "swiglu_q8", "hq");
   const int64_t grid = (n_blocks + kSwigluWarps - 1) / kSwigluWarps;
-  swiglu_q8_kernel<<<static_cast<unsigned>(grid), kSwigluWarps * kWarpSize, 0, as_stream(stream)>>>(
-      g, u, h, hq, n_blocks, limit);
-  MOECHECK_CUDA_CHECK(cudaGetLastError());
+  pdl::launch(swiglu_q8_kernel, dim3(static_cast<unsigned>(grid)), dim3(kSwigluWarps * kWarpSize),
+              0, as_stream(stream), g, u, h, hq, n_blocks, limit);
 }
 
 void swiglu_bf16(const float* g, const float* u, float* h, uint16_t* hb, int64_t R, int64_t inter,
@@ -70,9 +74,8 @@ void swiglu_bf16(const float* g, const float* u, float* h, uint16_t* hb, int64_t
   require_aligned(hb, 2, "swiglu_bf16", "hb");
   if (h != nullptr) require_aligned(h, 4, "swiglu_bf16", "h");
   constexpr int kThreads = 256;
-  swiglu_bf16_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0,
-                       as_stream(stream)>>>(g, u, h, hb, n, limit);
-  MOECHECK_CUDA_CHECK(cudaGetLastError());
+  pdl::launch(swiglu_bf16_kernel, dim3(static_cast<unsigned>((n + kThreads - 1) / kThreads)),
+              dim3(kThreads), 0, as_stream(stream), g, u, h, hb, n, limit);
 }
 
 }  // namespace moecheck::cuda

@@ -9,9 +9,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <map>
 #include <string>
 #include <vector>
+#ifdef MOECHECK_HAVE_CUPTI
+#include <cupti.h>
+#include <cxxabi.h>
+#endif
 
 #include "cuda/kernels.h"
 #include "cuda/moe_layer.h"
@@ -148,9 +154,146 @@ static int profile_forwards(const LayerWeights& w, int64_t T) {
   return 0;
 }
 
+#ifdef MOECHECK_HAVE_CUPTI
+// The kernel timeline of the traced replays, from CUPTI's concurrent-kernel activity records
+// (start and end on the GPU's clock, per graph node).
+namespace cupti_trace {
+struct Rec {
+  uint64_t start, end;
+  uint32_t stream;
+  std::string name;
+};
+std::vector<Rec> g_recs;
+
+void CUPTIAPI requested(uint8_t** buf, size_t* size, size_t* max_records) {
+  *size = size_t{8} << 20;
+  *buf = static_cast<uint8_t*>(std::aligned_alloc(8, *size));
+  *max_records = 0;
+}
+
+void CUPTIAPI completed(CUcontext, uint32_t, uint8_t* buf, size_t, size_t valid) {
+  CUpti_Activity* rec = nullptr;
+  while (cuptiActivityGetNextRecord(buf, valid, &rec) == CUPTI_SUCCESS) {
+    if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
+    const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
+    std::string n = k->name != nullptr ? k->name : "?";
+    int st = 0;
+    if (char* d = abi::__cxa_demangle(n.c_str(), nullptr, nullptr, &st)) {
+      n = d;
+      std::free(d);
+    }
+    // The name without namespaces and parameters: "mmvq_sb_kernel<(GgmlType)11, 16, false>".
+    for (size_t a; (a = n.find("(anonymous namespace)::")) != std::string::npos;) n.erase(a, 23);
+    const size_t paren = n.rfind('(');
+    if (paren != std::string::npos && n.back() == ')') n = n.substr(0, paren);
+    const size_t lt = n.find('<');
+    const size_t ns = n.rfind("::", lt == std::string::npos ? std::string::npos : lt);
+    if (ns != std::string::npos) n = n.substr(ns + 2);
+    g_recs.push_back({k->start, k->end, k->streamId, n.substr(0, 48)});
+  }
+  std::free(buf);
+}
+
+void check(CUptiResult r, const char* what) {
+  if (r != CUPTI_SUCCESS) {
+    const char* s = nullptr;
+    cuptiGetResultString(r, &s);
+    std::fprintf(stderr, "CUPTI %s failed: %s\n", what, s != nullptr ? s : "?");
+    std::exit(1);
+  }
+}
+
+void start() {
+  check(cuptiActivityRegisterCallbacks(requested, completed), "register callbacks");
+  check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernels");
+}
+
+// The replays' kernels in start order, split into replays of equal count; each kernel keyed by its
+// name and occurrence within its replay; per key the median start and end (from its replay's
+// first start) and duration, us, in order of median start.
+void report(int replays) {
+  check(cuptiActivityFlushAll(1), "flush");
+  std::vector<Rec> r = g_recs;
+  std::sort(r.begin(), r.end(), [](const Rec& a, const Rec& b) { return a.start < b.start; });
+  if (r.empty() || r.size() % static_cast<size_t>(replays) != 0) {
+    std::printf("trace: %zu kernel records, not a multiple of %d replays\n", r.size(), replays);
+    return;
+  }
+  const size_t per = r.size() / static_cast<size_t>(replays);
+  struct Row {
+    std::vector<double> s, e, d;
+    uint32_t stream = 0;
+  };
+  std::map<std::string, Row> rows;
+  std::vector<double> span;
+  for (int i = 0; i < replays; ++i) {
+    const uint64_t t0 = r[i * per].start;
+    uint64_t end = 0;
+    std::map<std::string, int> seen;
+    for (size_t j = 0; j < per; ++j) {
+      const Rec& x = r[i * per + j];
+      const std::string key = x.name + " #" + std::to_string(++seen[x.name]);
+      Row& row = rows[key];
+      row.s.push_back((x.start - t0) * 1e-3);
+      row.e.push_back((x.end - t0) * 1e-3);
+      row.d.push_back((x.end - x.start) * 1e-3);
+      row.stream = x.stream;
+      end = std::max(end, x.end);
+    }
+    span.push_back((end - t0) * 1e-3);
+  }
+  std::vector<std::pair<double, std::string>> order;
+  for (auto& kv : rows) order.push_back({bench::median(kv.second.s), kv.first});
+  std::sort(order.begin(), order.end());
+  std::printf("\n| kernel | stream | start us | end us | duration us | in replays |\n"
+              "|---|---|---|---|---|---|\n");
+  for (const auto& o : order) {
+    Row& row = rows[o.second];
+    std::printf("| %s | %u | %.1f | %.1f | %.1f | %zu |\n", o.second.c_str(), row.stream,
+                bench::median(row.s), bench::median(row.e), bench::median(row.d), row.s.size());
+  }
+  std::printf("first kernel start to last kernel end, median of %d replays: %.1f us\n", replays,
+              bench::median(span));
+}
+}  // namespace cupti_trace
+#endif
+
+// `layer_bench trace T P [C [N]]`: 30 replays of the device-resident graph (programmatic launch
+// P = 0 / 1, the largest shared-memory carveout C = 0 / 1, the graph nodes' own priorities N = 0 /
+// 1, both by default 1), each synchronised, for a timeline profiler (nsys --cuda-graph-trace=node); the output checked
+// first.
+static int trace_graph(const LayerWeights& w, int64_t T, bool programmatic, bool node_priority) {
+  cuda::LayerOptions lo;
+  lo.route = RoutePlace::kDevice;
+  lo.programmatic_launch = programmatic;
+  lo.graph_node_priority = node_priority;
+  cuda::MoeLayer layer(w, lo);
+  const auto x = generate_input(1000, T, w.config.dim);
+  MOECHECK_CUDA_CHECK(
+      cudaMemcpy(layer.device_input(T), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+  layer.graph_forward(T);
+  MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
+  bench::require_emu_bits("layer output (trace, T=" + std::to_string(T) + ")",
+                          layer.device_output(), emu::MoeLayer(w, emu::LayerOptions{}).forward(x.data(), T));
+#ifdef MOECHECK_HAVE_CUPTI
+  cupti_trace::start();
+#endif
+  for (int i = 0; i < 30; ++i) {
+    layer.graph_forward(T);
+    MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+#ifdef MOECHECK_HAVE_CUPTI
+  cupti_trace::report(30);
+#endif
+  std::printf("trace: 30 graph replays of T = %lld, programmatic %d\n", static_cast<long long>(T),
+              programmatic ? 1 : 0);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const bool graph_only = argc > 1 && std::string(argv[1]) == "graph";
   const bool profile = argc > 2 && std::string(argv[1]) == "profile";
+  const bool trace = argc > 3 && std::string(argv[1]) == "trace";
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a failed check's exit(1) keeps every line printed
   const double copy = bench::copy_bandwidth_gbs();
   std::printf("GPU: %s\ndevice-to-device copy: %.0f GB/s (read + write, 1 GiB, median of 25)\n",
@@ -162,6 +305,11 @@ int main(int argc, char** argv) {
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   const MoeConfig& c = w.config;
   if (profile) return profile_forwards(w, std::stoll(argv[2]));
+  if (trace) {
+    if (argc > 4) cuda::set_max_shared_carveout(std::stoi(argv[4]) != 0);
+    return trace_graph(w, std::stoll(argv[2]), std::stoi(argv[3]) != 0,
+                       argc > 5 ? std::stoi(argv[5]) != 0 : true);
+  }
 
   struct Variant {
     std::string name;
@@ -233,6 +381,46 @@ int main(int argc, char** argv) {
     cuda::LayerOptions lo;
     lo.route = RoutePlace::kDevice;
     gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph"));
+    // Programmatic dependent launch off (LayerOptions::programmatic_launch, before), then the
+    // default again, for the spread; the same pair at T = 8.
+    lo.programmatic_launch = false;
+    gres.push_back(
+        time_graph(w, lo, 1, copy, "device route, one graph, no programmatic launch (before)"));
+    lo.programmatic_launch = true;
+    gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph (again)"));
+    gres.push_back(time_graph(w, lo, 8, copy, "device route, one graph, T=8"));
+    lo.programmatic_launch = false;
+    gres.push_back(
+        time_graph(w, lo, 8, copy, "device route, one graph, T=8, no programmatic launch (before)"));
+    lo.programmatic_launch = true;
+    // The driver's default shared-memory carveout (cuda::set_max_shared_carveout(false), before),
+    // with and without programmatic launch, at T = 1 and 8.
+    cuda::set_max_shared_carveout(false);
+    gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph, default carveout"));
+    gres.push_back(time_graph(w, lo, 8, copy, "device route, one graph, T=8, default carveout"));
+    lo.programmatic_launch = false;
+    gres.push_back(time_graph(
+        w, lo, 1, copy, "device route, one graph, default carveout, no programmatic launch (before)"));
+    gres.push_back(time_graph(
+        w, lo, 8, copy,
+        "device route, one graph, T=8, default carveout, no programmatic launch (before)"));
+    lo.programmatic_launch = true;
+    cuda::set_max_shared_carveout(true);
+    // Every kernel of the graph at the replay stream's priority (before).
+    lo.graph_node_priority = false;
+    gres.push_back(
+        time_graph(w, lo, 1, copy, "device route, one graph, replay stream's priority (before)"));
+    gres.push_back(time_graph(w, lo, 8, copy,
+                              "device route, one graph, T=8, replay stream's priority (before)"));
+    lo.programmatic_launch = false;
+    gres.push_back(time_graph(
+        w, lo, 1, copy,
+        "device route, one graph, replay stream's priority, no programmatic launch (before)"));
+    gres.push_back(time_graph(
+        w, lo, 8, copy,
+        "device route, one graph, T=8, replay stream's priority, no programmatic launch (before)"));
+    lo.programmatic_launch = true;
+    lo.graph_node_priority = true;
     // The routed MMVQs on the dp4a kernel (the engine before the streamed one), in two passes
     // around a second pass of the default, for the spread.
     for (int pass = 0; pass < 2 && !graph_only; ++pass) {

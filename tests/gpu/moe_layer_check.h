@@ -66,6 +66,7 @@ struct Variant {
   bool graphs;
   RoutePlace route = RoutePlace::kHost;
   int mmvq_max_rows = kMaxGroupRows;  // 0: every routed expert (and the K-quant shared) on MMQ
+  bool programmatic = true;           // LayerOptions::programmatic_launch
   std::string name() const {
     std::string s = "W";  // appended step by step: GCC 12 warns falsely (-Wrestrict) on a + chain
     s += std::to_string(warps);
@@ -77,6 +78,7 @@ struct Variant {
       s += "_mmvqmax";
       s += std::to_string(mmvq_max_rows);
     }
+    if (!programmatic) s += "_noprog";
     return s;
   }
 };
@@ -111,6 +113,7 @@ inline void run_layer_weights(const LayerWeights& w, const GenOptions& o,
     co.use_graphs = v.graphs;
     co.route = v.route;
     co.mmvq_max_rows = v.mmvq_max_rows;
+    co.programmatic_launch = v.programmatic;
     layers.push_back(std::make_unique<cuda::MoeLayer>(w, co));
   }
   for (RouterVariant rv : {RouterVariant::kPlain, RouterVariant::kStaged}) {

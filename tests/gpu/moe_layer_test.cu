@@ -29,7 +29,8 @@ std::vector<Variant> device_variants() {
   return {{8, RouterVariant::kStaged, true, false, RoutePlace::kDevice},
           {2, RouterVariant::kPlain, false, false, RoutePlace::kDevice},
           {4, RouterVariant::kStaged, false, true, RoutePlace::kDevice},
-          {8, RouterVariant::kPlain, true, true, RoutePlace::kDevice}};
+          {8, RouterVariant::kPlain, true, true, RoutePlace::kDevice},
+          {8, RouterVariant::kStaged, true, true, RoutePlace::kDevice, kMaxGroupRows, false}};
 }
 
 std::vector<Variant> all_variants() {
@@ -170,6 +171,66 @@ TEST(CudaMoeLayer, NanInputThrowsTheEmulationsErrorAndTheNextForwardIsExact) {
                                       layer.forward(x7.data(), 7, &got7), y7, dim, r));
         ASSERT_TRUE(same_taps(got7, want7, w.config, r));
       }
+  }
+}
+
+// Back-to-back replays with no host synchronisation between them (the programmatic launches
+// early reads and early starts meet the previous replay's tail): for tiny and ds41, T = 1 and 8,
+// programmatic launch on and off, 16 inputs copied in and 16 outputs copied out on the replay's
+// stream, then one synchronisation; every output equals the emulation's.
+TEST(CudaMoeLayer, GraphForwardBackToBack_EqualsEmu) {
+  MOECHECK_REQUIRE_GPU();
+  constexpr int kReplays = 16;
+  for (const char* preset : {"tiny", "ds41"}) {
+    const LayerWeights w = generate_layer(preset_options(preset), 0);
+    const int64_t dim = w.config.dim;
+    const emu::MoeLayer ref(w, emu::LayerOptions{});
+    for (int64_t T : {1, 8}) {
+      std::vector<uint16_t> xs;
+      std::vector<std::vector<uint16_t>> want;
+      for (int i = 0; i < kReplays; ++i) {
+        const auto x = generate_input(1200 + 31 * static_cast<uint64_t>(T) + i, T, dim);
+        want.push_back(ref.forward(x.data(), T));
+        xs.insert(xs.end(), x.begin(), x.end());
+      }
+      const size_t n = static_cast<size_t>(T * dim);
+      uint16_t *in_pool = nullptr, *out_pool = nullptr;
+      MOECHECK_CUDA_OK(cudaMalloc(&in_pool, xs.size() * 2));
+      MOECHECK_CUDA_OK(cudaMalloc(&out_pool, xs.size() * 2));
+      MOECHECK_CUDA_OK(cudaMemcpy(in_pool, xs.data(), xs.size() * 2, cudaMemcpyHostToDevice));
+      cudaStream_t s;
+      MOECHECK_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      for (bool prog : {true, false}) {
+        cuda::LayerOptions co;
+        co.route = RoutePlace::kDevice;
+        co.programmatic_launch = prog;
+        cuda::MoeLayer layer(w, co);
+        uint16_t* in = layer.device_input(T);
+        MOECHECK_CUDA_OK(cudaMemsetAsync(out_pool, 0xFF, xs.size() * 2, s));
+        for (int i = 0; i < kReplays; ++i) {
+          MOECHECK_CUDA_OK(
+              cudaMemcpyAsync(in, in_pool + i * n, n * 2, cudaMemcpyDeviceToDevice, s));
+          layer.graph_forward(T, s);
+          MOECHECK_CUDA_OK(cudaMemcpyAsync(out_pool + i * n, layer.device_output(), n * 2,
+                                           cudaMemcpyDeviceToDevice, s));
+        }
+        MOECHECK_CUDA_OK(cudaStreamSynchronize(s));
+        std::vector<uint16_t> got(xs.size());
+        MOECHECK_CUDA_OK(
+            cudaMemcpy(got.data(), out_pool, got.size() * 2, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < kReplays; ++i) {
+          const std::vector<uint16_t> yi(got.begin() + i * n, got.begin() + (i + 1) * n);
+          ASSERT_TRUE(gputest::same_u16(
+              "back-to-back graph_forward output", yi, want[i], dim,
+              gputest::repro(1200 + 31 * static_cast<uint64_t>(T) + i,
+                             std::string(preset) + " T=" + std::to_string(T) + " replay " +
+                                 std::to_string(i) + " programmatic " + (prog ? "on" : "off"))));
+        }
+      }
+      MOECHECK_CUDA_OK(cudaStreamDestroy(s));
+      MOECHECK_CUDA_OK(cudaFree(in_pool));
+      MOECHECK_CUDA_OK(cudaFree(out_pool));
+    }
   }
 }
 
