@@ -43,11 +43,27 @@ std::string device_name(int device) {
 namespace pdl {
 namespace {
 thread_local Mode g_mode = Mode::kOff;
+thread_local cudaEvent_t g_start = nullptr;  // a StartEvent's event, until a launch takes it
+thread_local bool g_start_used = false;
 }  // namespace
 
 Mode mode() { return g_mode; }
 Scope::Scope(Mode m) : prev_(g_mode) { g_mode = m; }
 Scope::~Scope() { g_mode = prev_; }
+StartEvent::StartEvent(cudaEvent_t ev) : prev_(g_start), prev_used_(g_start_used) {
+  g_start = ev;
+  g_start_used = false;
+}
+StartEvent::~StartEvent() {
+  g_start = prev_;
+  g_start_used = prev_used_;
+}
+bool StartEvent::used() const { return g_start_used; }
+cudaEvent_t take_start_event() {
+  if (g_start == nullptr || g_start_used) return nullptr;
+  g_start_used = true;
+  return g_start;
+}
 }  // namespace pdl
 
 namespace {

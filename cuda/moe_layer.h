@@ -25,28 +25,42 @@ class ExpertLru;
 // experts). The picks, weights and every stage are the same bits either way.
 using RoutePlace = ::moecheck::RoutePlace;
 
+// Device route with the side stream: where the shared expert forks from the main stream (its
+// GEMVs then run beside the main stream's kernels; no bit depends on it).
+enum class SharedFork {
+  kInput,        // before q8_1 of x and the router (a K-quant shared expert: after q8_1 of x)
+  kRouterStart,  // once all of the router launch's blocks have begun (a launch-completion
+                 // dependency: a graph edge from the router node's launch-completion port, or
+                 // cudaLaunchAttributeLaunchCompletionEvent outside graphs), so the router's
+                 // blocks take their multiprocessors before the shared expert's do
+  kRouter,       // after the router
+  kSelection,    // after the selection and the device plan
+};
+
 struct LayerOptions {
   RouterVariant router = RouterVariant::kStaged;
   int expert_warps = kDefaultExpertWarps;  // 2, 4 or 8 warps per MMVQ block; no bit depends on it
   bool shared_side_stream = true;          // shared expert on a side stream; no bit depends on it
-  // Device route with the side stream: where the shared expert forks. Forwards of up to this
-  // many tokens fork it at the layer's input, before q8_1 and the router (a bf16 shared expert
-  // reads only x; a K-quant one forks after q8_1 of x), so that its GEMVs run beside the router
-  // and the selection, which fill few SMs; larger forwards fork it after the router. Measured
-  // best at 1 on the H200 (docs/performance.md). No bit depends on it.
+  // Device route with the side stream: where the shared expert forks, shared_fork_small for
+  // forwards of up to shared_fork_max_tokens tokens, shared_fork_large above (defaults measured
+  // on the H200, docs/performance.md). No bit depends on them.
   int64_t shared_fork_max_tokens = 1;
+  SharedFork shared_fork_small = SharedFork::kRouterStart;
+  SharedFork shared_fork_large = SharedFork::kRouter;
   // Device route: the launches of its chains (selection -> MMVQ -> SwiGLU -> MMVQ on the main
   // stream, the bf16 shared expert's SwiGLU -> GEMV on the side stream) made as programmatic
   // dependent launches (cuda/pdl.cuh), so each kernel starts while its predecessor finishes and
-  // the down projections' first weight rows are in flight before their inputs are. No bit
-  // depends on it.
-  bool programmatic_launch = true;
+  // the down projections' first weight rows are in flight before their inputs are. Off by
+  // default: measured on the H200 no faster at one token and about 3 % slower at eight, where
+  // the early blocks hold multiprocessors the other stream's kernels need
+  // (docs/performance.md). No bit depends on it.
+  bool programmatic_launch = false;
   bool use_graphs = false;  // replay the post-routing launches as a CUDA graph
   // Captured graphs run their kernels at the priorities of the streams they were captured on
   // (the main stream's above the side stream's: cudaGraphInstantiateFlagUseNodePriority), not
-  // all at the priority of the stream they are replayed on. Measured: without it, the one-token
-  // graph's router waited about 9 us behind the shared expert's GEMV (docs/performance.md). No
-  // bit depends on it.
+  // all at the priority of the stream they are replayed on, so the main stream's pending blocks
+  // go first where both streams wait for a multiprocessor. Measured within the run-to-run spread
+  // of the one-token and eight-token layers (docs/performance.md). No bit depends on it.
   bool graph_node_priority = true;
   int device = 0;
   RoutePlace route = RoutePlace::kHost;

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -166,7 +167,9 @@ struct MoeLayer::Impl {
   int64_t header_words(int64_t T) const { return RouteHeaderLayout{T, w.config.topk}.words(); }
   int32_t* layer_header(int64_t T) const { return hdr.as<int32_t>() + w.layer * header_words(T); }
   void check_resident(const Routing& rt) const;
-  void device_routed(int64_t T, bool masked);
+  // The selection and plan, then `selected` (the side stream's fork when it is there), then the
+  // routed experts.
+  void device_routed(int64_t T, bool masked, const std::function<void()>& selected = {});
   void device_body(int64_t T, bool masked);
   void require_graph_route(int64_t T, const char* op);
   Routing header_routing(int64_t T, const uint8_t* image_mask);

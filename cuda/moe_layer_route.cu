@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <functional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -81,7 +83,7 @@ void MoeLayer::Impl::check_resident(const Routing& rt) const {
 // The device route's launches after the router (graph-capturable): route_select (the image mask
 // already on the device) into this layer's header, route_plan, gate/up MMVQ over the planned
 // groups, SwiGLU + q8_1 on all P pair rows (rows of unused pairs are never read), down MMVQ.
-void MoeLayer::Impl::device_routed(int64_t T, bool masked) {
+void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<void()>& selected) {
   const MoeConfig& c = w.config;
   const int64_t P = T * c.topk, E = c.n_routed;
   const DevicePlanLayout D(T, c.topk);
@@ -112,6 +114,7 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked) {
     route_plan(layer_header(T), T, rp, row, slot_array(0), slot_array(1), slot_array(2),
                dplan.as<uint8_t>(), main);
   }
+  if (selected) selected();
   const auto* slots = reinterpret_cast<const uint8_t* const*>(dplan.as<uint8_t>() + D.slots);
   const auto* groups = reinterpret_cast<const MmvqGroup*>(dplan.as<uint8_t>() + D.groups);
   const auto* counts = reinterpret_cast<const int32_t*>(dplan.as<uint8_t>() + D.counts);
@@ -201,29 +204,77 @@ Routing MoeLayer::Impl::header_routing(int64_t T, const uint8_t* image_mask) {
 void MoeLayer::Impl::device_body(int64_t T, bool masked) {
   const MoeConfig& c = w.config;
   const DevicePlanLayout D(T, c.topk);
-  // The fork: up to shared_fork_max_tokens at the input (a bf16 shared expert reads only x) or
-  // after q8_1 of x (a K-quant one reads x_q8); above it after the router. q8_1 stays on the
-  // main stream either way (measured: on the side stream ahead of the shared expert it made the
-  // one-token layer 2 us slower, docs/performance.md), in the router's launch where it can.
+  // The fork (LayerOptions::shared_fork_small / _large). q8_1 of x stays on the main stream
+  // (measured: on the side stream ahead of the shared expert it made the one-token layer 2 us
+  // slower, docs/performance.md), in the router's launch unless a K-quant shared expert, which
+  // reads x_q8, forks before the router ends.
   const bool use_side = o.shared_side_stream;
-  const int fork_at = !use_side ? -1 : T > o.shared_fork_max_tokens ? 2 : dense_shared ? 0 : 1;
+  const SharedFork at = T > o.shared_fork_max_tokens ? o.shared_fork_large : o.shared_fork_small;
+  const bool early = at == SharedFork::kInput || at == SharedFork::kRouterStart;
+  const bool q8_apart = use_side && !dense_shared && early;
   auto fork = [&] {
     MOECHECK_CUDA_CHECK(cudaEventRecord(ev_in, main));
     MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(side, ev_in, 0));
+  };
+  auto shared_side = [&] {
     shared_expert(T, side, o.programmatic_launch);
     MOECHECK_CUDA_CHECK(cudaEventRecord(ev_out, side));
   };
-  if (fork_at == 0) fork();
-  // q8_1 of x by the router's launch (its idle warps), unless a K-quant shared expert forks
-  // between the two.
-  if (fork_at == 1) {
-    quantize_q8_1_bf16(x.as<uint16_t>(), x_q8.as<BlockQ8_1>(), T, c.dim, main);
+  if (q8_apart) quantize_q8_1_bf16(x.as<uint16_t>(), x_q8.as<BlockQ8_1>(), T, c.dim, main);
+  BlockQ8_1* router_q8 = q8_apart ? nullptr : x_q8.as<BlockQ8_1>();
+  if (use_side && at == SharedFork::kInput) {
     fork();
+    shared_side();
   }
-  router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(), c.n_routed,
-              c.dim, T, main, w.router_type, fork_at == 1 ? nullptr : x_q8.as<BlockQ8_1>());
-  if (fork_at == 2) fork();
-  device_routed(T, masked);
+  if (use_side && at == SharedFork::kRouterStart) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    MOECHECK_CUDA_CHECK(cudaStreamIsCapturing(main, &cs));
+    if (cs == cudaStreamCaptureStatusActive) {
+      // In a graph: the side stream's first node depends on the router node's launch-completion
+      // port (all its blocks begun), not on its completion.
+      router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(),
+                  c.n_routed, c.dim, T, main, w.router_type, router_q8);
+      const cudaGraphNode_t* deps = nullptr;
+      const cudaGraphEdgeData* edges = nullptr;
+      size_t nd = 0;
+      MOECHECK_CUDA_CHECK(cudaStreamGetCaptureInfo(main, &cs, nullptr, nullptr, &deps, &edges, &nd));
+      if (nd != 1)
+        throw std::logic_error("cuda::MoeLayer: the router is not the capture's one tail node");
+      cudaGraphNode_t router_node = deps[0];
+      fork();  // the side stream joins the capture, then depends on the router's start only
+      cudaGraphEdgeData e{};
+      e.from_port = cudaGraphKernelNodePortLaunchCompletion;
+      e.type = cudaGraphDependencyTypeDefault;
+      MOECHECK_CUDA_CHECK(cudaStreamUpdateCaptureDependencies(side, &router_node, &e, 1,
+                                                              cudaStreamSetCaptureDependencies));
+      shared_side();
+    } else {
+      // Outside graphs: the router's launch records ev_in when its blocks have begun (a plain
+      // router variant, launched without pdl::launch, records nothing: ev_in then marks the
+      // input, recorded before the router is issued).
+      MOECHECK_CUDA_CHECK(cudaEventRecord(ev_in, main));
+      {
+        const pdl::StartEvent se(ev_in);
+        router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(),
+                    c.n_routed, c.dim, T, main, w.router_type, router_q8);
+      }
+      MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(side, ev_in, 0));
+      shared_side();
+    }
+  } else {
+    router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(), c.n_routed,
+                c.dim, T, main, w.router_type, router_q8);
+  }
+  if (use_side && at == SharedFork::kRouter) {
+    fork();
+    shared_side();
+  }
+  device_routed(T, masked, [&] {
+    if (use_side && at == SharedFork::kSelection) {
+      fork();
+      shared_side();
+    }
+  });
   if (use_side) MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(main, ev_out, 0));
   else shared_expert(T, main);
   accumulate(reinterpret_cast<const int32_t*>(dplan.as<uint8_t>() + D.rows),

@@ -55,8 +55,30 @@ class Scope {
   Mode prev_;
 };
 
-// kernel<<<grid, block, smem, stream>>>(args...), with the attribute unless mode() is kOff (and
-// the kernel's shared-memory carveout preference, cuda/device_util.cuh).
+// The launch-completion event of the next pdl::launch on this thread: while a StartEvent lives,
+// the first launch made through pdl::launch records `ev` when all its blocks have begun
+// (cudaLaunchAttributeLaunchCompletionEvent; ev made with cudaEventDisableTiming), and used()
+// says whether one did. A stream that waits on ev may then start beside that kernel, after its
+// blocks hold their multiprocessors. Launch order only.
+class StartEvent {
+ public:
+  explicit StartEvent(cudaEvent_t ev);
+  ~StartEvent();
+  StartEvent(const StartEvent&) = delete;
+  StartEvent& operator=(const StartEvent&) = delete;
+  bool used() const;
+
+ private:
+  cudaEvent_t prev_;
+  bool prev_used_;
+};
+
+// The pending StartEvent's event (nullptr: none, or already taken by a launch); marks it taken.
+cudaEvent_t take_start_event();
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the attribute unless mode() is kOff, the
+// launch-completion event of a pending StartEvent (and the kernel's shared-memory carveout
+// preference, cuda/device_util.cuh).
 template <typename... KArgs, typename... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
             Args... args) {
@@ -66,13 +88,21 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
   if (mode() != Mode::kOff) {
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
   }
+  if (cudaEvent_t ev = take_start_event(); ev != nullptr) {
+    attr[n].id = cudaLaunchAttributeLaunchCompletionEvent;
+    attr[n].val.launchCompletionEvent.event = ev;
+    attr[n].val.launchCompletionEvent.flags = 0;
+    ++n;
+  }
+  cfg.attrs = n > 0 ? attr : nullptr;
+  cfg.numAttrs = n;
   MOECHECK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 

@@ -122,15 +122,10 @@ void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y
   require_aligned(y, 4, "router_gemv", "y");
   const dim3 grid(static_cast<unsigned>(rows),
                   static_cast<unsigned>((T + kMaxGroupRows - 1) / kMaxGroupRows));
-  prefer_shared_carveout(f16 ? reinterpret_cast<const void*>(router_staged_kernel<true>)
-                             : reinterpret_cast<const void*>(router_staged_kernel<false>));
-  if (f16)
-    router_staged_kernel<true>
-        <<<grid, kRouterStagedThreads, 0, as_stream(stream)>>>(w, x, y, rows, K, T, x_q8);
-  else
-    router_staged_kernel<false>
-        <<<grid, kRouterStagedThreads, 0, as_stream(stream)>>>(w, x, y, rows, K, T, x_q8);
-  MOECHECK_CUDA_CHECK(cudaGetLastError());
+  // Through pdl::launch (the carveout preference, and a pending pdl::StartEvent: the device
+  // route's side stream may fork once the router's blocks have started).
+  pdl::launch(f16 ? router_staged_kernel<true> : router_staged_kernel<false>, grid,
+              dim3(kRouterStagedThreads), 0, as_stream(stream), w, x, y, rows, K, T, x_q8);
 }
 
 }  // namespace moecheck::cuda

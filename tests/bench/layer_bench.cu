@@ -258,15 +258,31 @@ void report(int replays) {
 }  // namespace cupti_trace
 #endif
 
-// `layer_bench trace T P [C [N]]`: 30 replays of the device-resident graph (programmatic launch
-// P = 0 / 1, the largest shared-memory carveout C = 0 / 1, the graph nodes' own priorities N = 0 /
-// 1, both by default 1), each synchronised, for a timeline profiler (nsys --cuda-graph-trace=node); the output checked
-// first.
-static int trace_graph(const LayerWeights& w, int64_t T, bool programmatic, bool node_priority) {
+// `layer_bench trace T [key=value ...]`: 30 replays of the device-resident graph at T tokens,
+// each synchronised, with CUPTI's kernel timeline (the output checked first against the
+// emulation). Keys (default: the driver's): prog = 0 / 1 (LayerOptions::programmatic_launch),
+// carve = 0 / 1 (cuda::set_max_shared_carveout), prio = 0 / 1 (graph_node_priority), fork = 0..3
+// (SharedFork for every T: input, router start, after the router, after the selection), side =
+// 0 / 1 (shared_side_stream), mmvq_warps = 0 / 4 / 8 / 12 / 16 (cuda::set_mmvq_stream_shape).
+static int trace_graph(const LayerWeights& w, int64_t T, const std::vector<std::string>& kv) {
   cuda::LayerOptions lo;
   lo.route = RoutePlace::kDevice;
-  lo.programmatic_launch = programmatic;
-  lo.graph_node_priority = node_priority;
+  for (const std::string& a : kv) {
+    const size_t eq = a.find('=');
+    const std::string k = a.substr(0, eq);
+    const int v = eq == std::string::npos ? -1 : std::stoi(a.substr(eq + 1));
+    if (k == "prog" && v >= 0) lo.programmatic_launch = v != 0;
+    else if (k == "carve" && v >= 0) cuda::set_max_shared_carveout(v != 0);
+    else if (k == "prio" && v >= 0) lo.graph_node_priority = v != 0;
+    else if (k == "fork" && v >= 0 && v <= 3)
+      lo.shared_fork_small = lo.shared_fork_large = static_cast<cuda::SharedFork>(v);
+    else if (k == "side" && v >= 0) lo.shared_side_stream = v != 0;
+    else if (k == "mmvq_warps" && v >= 0) cuda::set_mmvq_stream_shape(v, 0);
+    else {
+      std::fprintf(stderr, "layer_bench trace: unknown option '%s'\n", a.c_str());
+      return 2;
+    }
+  }
   cuda::MoeLayer layer(w, lo);
   const auto x = generate_input(1000, T, w.config.dim);
   MOECHECK_CUDA_CHECK(
@@ -285,15 +301,17 @@ static int trace_graph(const LayerWeights& w, int64_t T, bool programmatic, bool
 #ifdef MOECHECK_HAVE_CUPTI
   cupti_trace::report(30);
 #endif
-  std::printf("trace: 30 graph replays of T = %lld, programmatic %d\n", static_cast<long long>(T),
-              programmatic ? 1 : 0);
+  std::string opts;
+  for (const std::string& a : kv) opts += " " + a;
+  std::printf("trace: 30 graph replays of T = %lld, options:%s\n", static_cast<long long>(T),
+              opts.empty() ? " (defaults)" : opts.c_str());
   return 0;
 }
 
 int main(int argc, char** argv) {
   const bool graph_only = argc > 1 && std::string(argv[1]) == "graph";
   const bool profile = argc > 2 && std::string(argv[1]) == "profile";
-  const bool trace = argc > 3 && std::string(argv[1]) == "trace";
+  const bool trace = argc > 2 && std::string(argv[1]) == "trace";
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a failed check's exit(1) keeps every line printed
   const double copy = bench::copy_bandwidth_gbs();
   std::printf("GPU: %s\ndevice-to-device copy: %.0f GB/s (read + write, 1 GiB, median of 25)\n",
@@ -305,11 +323,8 @@ int main(int argc, char** argv) {
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   const MoeConfig& c = w.config;
   if (profile) return profile_forwards(w, std::stoll(argv[2]));
-  if (trace) {
-    if (argc > 4) cuda::set_max_shared_carveout(std::stoi(argv[4]) != 0);
-    return trace_graph(w, std::stoll(argv[2]), std::stoi(argv[3]) != 0,
-                       argc > 5 ? std::stoi(argv[5]) != 0 : true);
-  }
+  if (trace)
+    return trace_graph(w, std::stoll(argv[2]), std::vector<std::string>(argv + 3, argv + argc));
 
   struct Variant {
     std::string name;
@@ -381,46 +396,63 @@ int main(int argc, char** argv) {
     cuda::LayerOptions lo;
     lo.route = RoutePlace::kDevice;
     gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph"));
-    // Programmatic dependent launch off (LayerOptions::programmatic_launch, before), then the
-    // default again, for the spread; the same pair at T = 8.
-    lo.programmatic_launch = false;
-    gres.push_back(
-        time_graph(w, lo, 1, copy, "device route, one graph, no programmatic launch (before)"));
-    lo.programmatic_launch = true;
-    gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph (again)"));
     gres.push_back(time_graph(w, lo, 8, copy, "device route, one graph, T=8"));
-    lo.programmatic_launch = false;
-    gres.push_back(
-        time_graph(w, lo, 8, copy, "device route, one graph, T=8, no programmatic launch (before)"));
+    // Where the shared expert forks (LayerOptions::shared_fork_small / _large): the fork points
+    // before this tree (the input at T = 1, after the router at T = 8) and the others.
+    using cuda::SharedFork;
+    const std::pair<SharedFork, const char*> forks[] = {
+        {SharedFork::kInput, "at the input"},
+        {SharedFork::kRouterStart, "at the router's start"},
+        {SharedFork::kRouter, "after the router"},
+        {SharedFork::kSelection, "after the selection"}};
+    for (const auto& [f, name] : forks) {
+      const bool before1 = f == SharedFork::kInput, before8 = f == SharedFork::kRouter;
+      if (f != lo.shared_fork_small) {
+        cuda::LayerOptions fo = lo;
+        fo.shared_fork_small = f;
+        gres.push_back(time_graph(w, fo, 1, copy,
+                                  std::string("device route, one graph, shared expert forked ") +
+                                      name + (before1 ? " (before)" : "")));
+      }
+      if (f != lo.shared_fork_large) {
+        cuda::LayerOptions fo = lo;
+        fo.shared_fork_large = f;
+        gres.push_back(time_graph(w, fo, 8, copy,
+                                  std::string("device route, one graph, T=8, shared expert forked ") +
+                                      name + (before8 ? " (before)" : "")));
+      }
+    }
+    // Programmatic dependent launch (LayerOptions::programmatic_launch; the default before this
+    // tree), at the default fork points and at the fork points before.
     lo.programmatic_launch = true;
-    // The driver's default shared-memory carveout (cuda::set_max_shared_carveout(false), before),
-    // with and without programmatic launch, at T = 1 and 8.
-    cuda::set_max_shared_carveout(false);
-    gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph, default carveout"));
-    gres.push_back(time_graph(w, lo, 8, copy, "device route, one graph, T=8, default carveout"));
+    gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph, programmatic launch"));
+    gres.push_back(time_graph(w, lo, 8, copy, "device route, one graph, T=8, programmatic launch"));
+    {
+      cuda::LayerOptions fo = lo;
+      fo.shared_fork_small = SharedFork::kInput;
+      fo.shared_fork_large = SharedFork::kRouter;
+      gres.push_back(time_graph(w, fo, 1, copy,
+                                "device route, one graph, programmatic launch, forked at the "
+                                "input (before)"));
+      gres.push_back(time_graph(w, fo, 8, copy,
+                                "device route, one graph, T=8, programmatic launch, forked after "
+                                "the router (before)"));
+    }
     lo.programmatic_launch = false;
-    gres.push_back(time_graph(
-        w, lo, 1, copy, "device route, one graph, default carveout, no programmatic launch (before)"));
-    gres.push_back(time_graph(
-        w, lo, 8, copy,
-        "device route, one graph, T=8, default carveout, no programmatic launch (before)"));
-    lo.programmatic_launch = true;
-    cuda::set_max_shared_carveout(true);
-    // Every kernel of the graph at the replay stream's priority (before).
-    lo.graph_node_priority = false;
-    gres.push_back(
-        time_graph(w, lo, 1, copy, "device route, one graph, replay stream's priority (before)"));
-    gres.push_back(time_graph(w, lo, 8, copy,
-                              "device route, one graph, T=8, replay stream's priority (before)"));
-    lo.programmatic_launch = false;
-    gres.push_back(time_graph(
-        w, lo, 1, copy,
-        "device route, one graph, replay stream's priority, no programmatic launch (before)"));
-    gres.push_back(time_graph(
-        w, lo, 8, copy,
-        "device route, one graph, T=8, replay stream's priority, no programmatic launch (before)"));
-    lo.programmatic_launch = true;
-    lo.graph_node_priority = true;
+    // The streamed MMVQ at 8 warps a block (about half a multiprocessor's registers), so that a
+    // shared GEMV block fits beside it.
+    for (int mw : {8, 12}) {
+      cuda::set_mmvq_stream_shape(mw, 0);
+      gres.push_back(time_graph(w, lo, 1, copy,
+                                "device route, one graph, streamed MMVQ " + std::to_string(mw) +
+                                    " warps"));
+      gres.push_back(time_graph(w, lo, 8, copy,
+                                "device route, one graph, T=8, streamed MMVQ " +
+                                    std::to_string(mw) + " warps"));
+    }
+    cuda::set_mmvq_stream_shape(0, 0);
+    gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph (again)"));
+    gres.push_back(time_graph(w, lo, 8, copy, "device route, one graph, T=8 (again)"));
     // The routed MMVQs on the dp4a kernel (the engine before the streamed one), in two passes
     // around a second pass of the default, for the spread.
     for (int pass = 0; pass < 2 && !graph_only; ++pass) {
@@ -433,16 +465,12 @@ int main(int argc, char** argv) {
         gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph (pass 2)"));
     }
     if (!graph_only) {
-      // Where the side stream's shared expert forks (LayerOptions::shared_fork_max_tokens):
-      // after the router at one token (as before), at the input at 4 and 8 tokens.
-      lo.shared_fork_max_tokens = 0;
-      gres.push_back(time_graph(w, lo, 1, copy,
-                                "device route, one graph, shared expert forked after the router"));
-      lo.shared_fork_max_tokens = 8;
+      // The default fork points up to 4 tokens (shared_fork_max_tokens), at T = 4.
+      gres.push_back(time_graph(w, lo, 4, copy, "device route, one graph, T=4"));
+      lo.shared_fork_max_tokens = 4;
       gres.push_back(time_graph(w, lo, 4, copy,
-                                "device route, one graph, T=4, shared expert forked at the input"));
-      gres.push_back(time_graph(w, lo, 8, copy,
-                                "device route, one graph, T=8, shared expert forked at the input"));
+                                "device route, one graph, T=4, shared expert forked at the "
+                                "router's start"));
       lo.shared_fork_max_tokens = cuda::LayerOptions{}.shared_fork_max_tokens;
       cuda::set_bf16_gemv_stream(false);
       gres.push_back(time_graph(w, lo, 1, copy,

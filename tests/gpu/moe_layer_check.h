@@ -66,7 +66,8 @@ struct Variant {
   bool graphs;
   RoutePlace route = RoutePlace::kHost;
   int mmvq_max_rows = kMaxGroupRows;  // 0: every routed expert (and the K-quant shared) on MMQ
-  bool programmatic = true;           // LayerOptions::programmatic_launch
+  bool programmatic = false;          // LayerOptions::programmatic_launch
+  int fork = -1;  // -1: the default fork points; else the SharedFork for every T
   std::string name() const {
     std::string s = "W";  // appended step by step: GCC 12 warns falsely (-Wrestrict) on a + chain
     s += std::to_string(warps);
@@ -78,7 +79,11 @@ struct Variant {
       s += "_mmvqmax";
       s += std::to_string(mmvq_max_rows);
     }
-    if (!programmatic) s += "_noprog";
+    if (programmatic) s += "_prog";
+    if (fork >= 0) {
+      s += "_fork";
+      s += std::to_string(fork);
+    }
     return s;
   }
 };
@@ -114,6 +119,7 @@ inline void run_layer_weights(const LayerWeights& w, const GenOptions& o,
     co.route = v.route;
     co.mmvq_max_rows = v.mmvq_max_rows;
     co.programmatic_launch = v.programmatic;
+    if (v.fork >= 0) co.shared_fork_small = co.shared_fork_large = static_cast<cuda::SharedFork>(v.fork);
     layers.push_back(std::make_unique<cuda::MoeLayer>(w, co));
   }
   for (RouterVariant rv : {RouterVariant::kPlain, RouterVariant::kStaged}) {

@@ -25,12 +25,25 @@ using gputest::same_taps;
 using gputest::Variant;
 
 // The device route under each kind of launch: plain, side stream, graphs, both.
+// The device route's variants: the default fork points (cuda::LayerOptions) with and without
+// graphs, both routers (a plain router's launch records no launch-completion event outside
+// graphs), programmatic launches, and every other fork point.
 std::vector<Variant> device_variants() {
-  return {{8, RouterVariant::kStaged, true, false, RoutePlace::kDevice},
-          {2, RouterVariant::kPlain, false, false, RoutePlace::kDevice},
-          {4, RouterVariant::kStaged, false, true, RoutePlace::kDevice},
-          {8, RouterVariant::kPlain, true, true, RoutePlace::kDevice},
-          {8, RouterVariant::kStaged, true, true, RoutePlace::kDevice, kMaxGroupRows, false}};
+  constexpr auto kDev = RoutePlace::kDevice;
+  constexpr int kMax = kMaxGroupRows;
+  using cuda::SharedFork;
+  return {{8, RouterVariant::kStaged, true, false, kDev},
+          {2, RouterVariant::kPlain, false, false, kDev},
+          {4, RouterVariant::kStaged, false, true, kDev},
+          {8, RouterVariant::kPlain, true, true, kDev},
+          {4, RouterVariant::kPlain, true, false, kDev},
+          {8, RouterVariant::kStaged, true, true, kDev, kMax, true},
+          {8, RouterVariant::kStaged, true, true, kDev, kMax, false,
+           static_cast<int>(SharedFork::kInput)},
+          {8, RouterVariant::kStaged, true, false, kDev, kMax, false,
+           static_cast<int>(SharedFork::kRouter)},
+          {4, RouterVariant::kStaged, true, true, kDev, kMax, false,
+           static_cast<int>(SharedFork::kSelection)}};
 }
 
 std::vector<Variant> all_variants() {
