@@ -51,9 +51,8 @@ struct LayerOptions {
   // stream, the bf16 shared expert's SwiGLU -> GEMV on the side stream) made as programmatic
   // dependent launches (cuda/pdl.cuh), so each kernel starts while its predecessor finishes and
   // the down projections' first weight rows are in flight before their inputs are. Off by
-  // default: measured on the H200 no faster at one token and about 3 % slower at eight, where
-  // the early blocks hold multiprocessors the other stream's kernels need
-  // (docs/performance.md). No bit depends on it.
+  // default: measured on the H200 10 % slower at one token and 3 % slower at eight, where the
+  // early blocks hold multiprocessors the other stream's kernels need (docs/performance.md). No bit depends on it.
   bool programmatic_launch = false;
   bool use_graphs = false;  // replay the post-routing launches as a CUDA graph
   // Captured graphs run their kernels at the priorities of the streams they were captured on

@@ -439,8 +439,8 @@ int main(int argc, char** argv) {
                                 "the router (before)"));
     }
     lo.programmatic_launch = false;
-    // The streamed MMVQ at 8 warps a block (about half a multiprocessor's registers), so that a
-    // shared GEMV block fits beside it.
+    // The streamed MMVQ at 8 and 12 warps a block (about half and three quarters of a
+    // multiprocessor's registers), so that a shared GEMV block fits beside it.
     for (int mw : {8, 12}) {
       cuda::set_mmvq_stream_shape(mw, 0);
       gres.push_back(time_graph(w, lo, 1, copy,
