@@ -65,10 +65,12 @@ void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* group
 // stored at groups + j * proj_stride (proj_stride = the plan's capacity per projection), their
 // live count G is read from the DEVICE word *count when the kernel starts, and the launch computes
 // the n_proj * G groups (gate and up: n_proj 2). Bits equal mmvq_groups on the same groups.
+// stream_warps (0, 4, 8, 12 or 16): the streamed engine's warps per block for this launch (0:
+// set_mmvq_stream_shape's). No bit depends on it.
 void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups,
                          const int32_t* count, int n_proj, int64_t proj_stride, int max_n,
                          const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
-                         void* stream, int64_t layer_tokens = 0);
+                         void* stream, int64_t layer_tokens = 0, int stream_warps = 0);
 
 // ---- mmq (cuda/mmq.cu): the batched form, for experts with more rows than one group ----
 // The same bits as mmvq_groups on the same groups (docs/numerics.md "mmvq_q2k, mmvq_q3k"),

@@ -253,7 +253,7 @@ void launch(MmvqParams p, GgmlType t, int64_t n_groups, int max_n, int warps, co
   require_aligned(p.a, 4, op, "a");
   require_aligned(p.y, 4, op, "y");
   if (g_engine == MmvqEngine::kStreamed && streamed_ok && mmvq_sb::supported(p, t)) {
-    mmvq_sb::launch(p, t, g_sb_warps, g_sb_stages, stream);
+    mmvq_sb::launch(p, t, p.sb_warps != 0 ? p.sb_warps : g_sb_warps, g_sb_stages, stream);
     return;
   }
   if (g_engine == MmvqEngine::kTensorCore && mmvq_tc::supported(t, p.K, max_n)) {
@@ -336,7 +336,11 @@ void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* group
 void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups,
                          const int32_t* count, int n_proj, int64_t proj_stride, int max_n,
                          const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
-                         void* stream, int64_t layer_tokens) {
+                         void* stream, int64_t layer_tokens, int stream_warps) {
+  if (stream_warps != 0 && stream_warps != 4 && stream_warps != 8 && stream_warps != 12 &&
+      stream_warps != 16)
+    throw InputError("cuda::mmvq_groups_planned: stream_warps must be 0, 4, 8, 12 or 16, found " +
+                     std::to_string(stream_warps));
   if (n_proj < 1 || proj_stride < 0)
     throw InputError("cuda::mmvq_groups_planned: need n_proj >= 1 and proj_stride >= 0, found " +
                      std::to_string(n_proj) + ", " + std::to_string(proj_stride));
@@ -349,6 +353,7 @@ void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGrou
   p.dev_count = count;
   p.proj_stride = proj_stride;
   p.n_proj = n_proj;
+  p.sb_warps = stream_warps;
   launch(p, t, n_proj * proj_stride, max_n, warps, "mmvq_groups_planned", stream,
          layer_tokens <= kMaxGroupRows);
 }

@@ -38,6 +38,7 @@ struct MmvqParams {
   const int32_t* dev_count = nullptr;
   int64_t proj_stride = 0;
   int n_proj = 1;
+  int sb_warps = 0;  // the streamed engine's warps per block for this launch; 0: the process's
 };
 
 // The groups this launch computes (the device route's count, or n_groups).

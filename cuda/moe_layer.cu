@@ -31,6 +31,12 @@ void check_options(const LayerWeights& w, const LayerOptions& o, const ExpertLru
   if (o.mmvq_max_rows < 0 || o.mmvq_max_rows > kMaxGroupRows)
     throw InputError(where + "options: mmvq_max_rows must be in [0, 8], found " +
                      std::to_string(o.mmvq_max_rows));
+  for (const int sw : {o.gate_up_stream_warps, o.down_stream_warps})
+    if (sw != 0 && sw != 4 && sw != 8 && sw != 12 && sw != 16)
+      throw InputError(where +
+                       "options: gate_up_stream_warps and down_stream_warps must be 0, 4, 8, 12 "
+                       "or 16, found " +
+                       std::to_string(sw));
   if (o.max_tokens < 0 || o.max_tokens > (int64_t{1} << 24))
     throw InputError(where + "options: max_tokens must be in [0, 2^24], found " +
                      std::to_string(o.max_tokens));

@@ -54,6 +54,12 @@ struct LayerOptions {
   // default: measured on the H200 10 % slower at one token and 3 % slower at eight, where the
   // early blocks hold multiprocessors the other stream's kernels need (docs/performance.md). No bit depends on it.
   bool programmatic_launch = false;
+  // Device route: the streamed MMVQ engine's warps per block (0, 4, 8, 12 or 16; 0: the engine's
+  // default, 16) for the gate / up launch and for the down launch of layers of up to 8 tokens. A
+  // 12-warp block leaves room on its multiprocessor for one of the shared expert's GEMV blocks.
+  // No bit depends on them.
+  int gate_up_stream_warps = 0;
+  int down_stream_warps = 0;
   bool use_graphs = false;  // replay the post-routing launches as a CUDA graph
   // Captured graphs run their kernels at the priorities of the streams they were captured on
   // (the main stream's above the side stream's: cudaGraphInstantiateFlagUseNodePriority), not

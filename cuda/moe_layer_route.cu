@@ -125,7 +125,7 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
     {
       const pdl::Scope sc(launch_mode);
       mmvq_groups_planned(w.gate_exps.type, slots, groups, counts + 3, 2, P, max_n, xq,
-                          gu.as<float>(), c.inter, c.dim, ew, main, T);
+                          gu.as<float>(), c.inter, c.dim, ew, main, T, o.gate_up_stream_warps);
     }
     if (T > o.mmvq_max_rows)
       mmq_groups_planned(w.gate_exps.type, slots, groups, counts, 2, P, xq, gu.as<float>(), c.inter,
@@ -136,7 +136,7 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
       {
         const pdl::Scope sc(launch_mode);
         mmvq_groups_planned(t, slots, groups + j * P, counts + 3, 1, P, max_n, xq, gu.as<float>(),
-                            c.inter, c.dim, ew, main, T);
+                            c.inter, c.dim, ew, main, T, o.gate_up_stream_warps);
       }
       if (T > o.mmvq_max_rows)
         mmq_groups_planned(t, slots, groups + j * P, counts, 1, P, xq, gu.as<float>(), c.inter,
@@ -151,7 +151,8 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
   {
     const pdl::Scope sc(early_mode);
     mmvq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts + 3, 1, P, max_n,
-                        h_q8.as<BlockQ8_1>(), down.as<float>(), c.dim, c.inter, ew, main, T);
+                        h_q8.as<BlockQ8_1>(), down.as<float>(), c.dim, c.inter, ew, main, T,
+                        o.down_stream_warps);
   }
   if (T > o.mmvq_max_rows)
     mmq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts, 1, P, h_q8.as<BlockQ8_1>(),

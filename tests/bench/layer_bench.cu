@@ -263,7 +263,8 @@ void report(int replays) {
 // emulation). Keys (default: the driver's): prog = 0 / 1 (LayerOptions::programmatic_launch),
 // carve = 0 / 1 (cuda::set_max_shared_carveout), prio = 0 / 1 (graph_node_priority), fork = 0..3
 // (SharedFork for every T: input, router start, after the router, after the selection), side =
-// 0 / 1 (shared_side_stream), mmvq_warps = 0 / 4 / 8 / 12 / 16 (cuda::set_mmvq_stream_shape).
+// 0 / 1 (shared_side_stream), mmvq_warps = 0 / 4 / 8 / 12 / 16 (cuda::set_mmvq_stream_shape),
+// gu_warps / down_warps = 0 / 4 / 8 / 12 / 16 (gate_up_stream_warps, down_stream_warps).
 static int trace_graph(const LayerWeights& w, int64_t T, const std::vector<std::string>& kv) {
   cuda::LayerOptions lo;
   lo.route = RoutePlace::kDevice;
@@ -278,6 +279,8 @@ static int trace_graph(const LayerWeights& w, int64_t T, const std::vector<std::
       lo.shared_fork_small = lo.shared_fork_large = static_cast<cuda::SharedFork>(v);
     else if (k == "side" && v >= 0) lo.shared_side_stream = v != 0;
     else if (k == "mmvq_warps" && v >= 0) cuda::set_mmvq_stream_shape(v, 0);
+    else if (k == "gu_warps" && v >= 0) lo.gate_up_stream_warps = v;
+    else if (k == "down_warps" && v >= 0) lo.down_stream_warps = v;
     else {
       std::fprintf(stderr, "layer_bench trace: unknown option '%s'\n", a.c_str());
       return 2;
@@ -451,6 +454,17 @@ int main(int argc, char** argv) {
                                     std::to_string(mw) + " warps"));
     }
     cuda::set_mmvq_stream_shape(0, 0);
+    // 12 warps for one of the two launches only (LayerOptions::gate_up_stream_warps,
+    // down_stream_warps): the shared down GEMV's blocks fit beside that launch's.
+    for (const auto& [gw, dw] : {std::pair{16, 12}, std::pair{12, 16}}) {
+      cuda::LayerOptions fo = lo;
+      fo.gate_up_stream_warps = gw;
+      fo.down_stream_warps = dw;
+      const std::string shape = ", streamed MMVQ gate/up " + std::to_string(gw) + " x down " +
+                                std::to_string(dw) + " warps";
+      gres.push_back(time_graph(w, fo, 1, copy, "device route, one graph" + shape));
+      gres.push_back(time_graph(w, fo, 8, copy, "device route, one graph, T=8" + shape));
+    }
     gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph (again)"));
     gres.push_back(time_graph(w, lo, 8, copy, "device route, one graph, T=8 (again)"));
     // The routed MMVQs on the dp4a kernel (the engine before the streamed one), in two passes

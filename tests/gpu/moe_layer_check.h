@@ -68,6 +68,7 @@ struct Variant {
   int mmvq_max_rows = kMaxGroupRows;  // 0: every routed expert (and the K-quant shared) on MMQ
   bool programmatic = false;          // LayerOptions::programmatic_launch
   int fork = -1;  // -1: the default fork points; else the SharedFork for every T
+  int gu_warps = 0, down_warps = 0;  // LayerOptions::gate_up_stream_warps, down_stream_warps
   std::string name() const {
     std::string s = "W";  // appended step by step: GCC 12 warns falsely (-Wrestrict) on a + chain
     s += std::to_string(warps);
@@ -83,6 +84,12 @@ struct Variant {
     if (fork >= 0) {
       s += "_fork";
       s += std::to_string(fork);
+    }
+    if (gu_warps != 0 || down_warps != 0) {
+      s += "_sbwarps";
+      s += std::to_string(gu_warps);
+      s += "x";
+      s += std::to_string(down_warps);
     }
     return s;
   }
@@ -119,6 +126,8 @@ inline void run_layer_weights(const LayerWeights& w, const GenOptions& o,
     co.route = v.route;
     co.mmvq_max_rows = v.mmvq_max_rows;
     co.programmatic_launch = v.programmatic;
+    co.gate_up_stream_warps = v.gu_warps;
+    co.down_stream_warps = v.down_warps;
     if (v.fork >= 0) co.shared_fork_small = co.shared_fork_large = static_cast<cuda::SharedFork>(v.fork);
     layers.push_back(std::make_unique<cuda::MoeLayer>(w, co));
   }

@@ -27,7 +27,8 @@ using gputest::Variant;
 // The device route under each kind of launch: plain, side stream, graphs, both.
 // The device route's variants: the default fork points (cuda::LayerOptions) with and without
 // graphs, both routers (a plain router's launch records no launch-completion event outside
-// graphs), programmatic launches, and every other fork point.
+// graphs), programmatic launches, every other fork point, and the streamed MMVQ's warps per
+// launch (gate / up x down: 16 x 12, 12 x 8).
 std::vector<Variant> device_variants() {
   constexpr auto kDev = RoutePlace::kDevice;
   constexpr int kMax = kMaxGroupRows;
@@ -43,7 +44,9 @@ std::vector<Variant> device_variants() {
           {8, RouterVariant::kStaged, true, false, kDev, kMax, false,
            static_cast<int>(SharedFork::kRouter)},
           {4, RouterVariant::kStaged, true, true, kDev, kMax, false,
-           static_cast<int>(SharedFork::kSelection)}};
+           static_cast<int>(SharedFork::kSelection)},
+          {8, RouterVariant::kStaged, true, true, kDev, kMax, false, -1, 16, 12},
+          {4, RouterVariant::kPlain, true, false, kDev, kMax, false, -1, 12, 8}};
 }
 
 std::vector<Variant> all_variants() {
@@ -318,6 +321,11 @@ TEST(CudaMoeLayer, BadOptionsAndTokensThrow) {
   cuda::LayerOptions bad;
   bad.expert_warps = 6;
   EXPECT_THROW(cuda::MoeLayer(w, bad), InputError);
+  for (const bool down : {false, true}) {
+    cuda::LayerOptions bad_sb;
+    (down ? bad_sb.down_stream_warps : bad_sb.gate_up_stream_warps) = 6;
+    EXPECT_THROW(cuda::MoeLayer(w, bad_sb), InputError);
+  }
   LayerWeights far = w;
   far.layer = kSlotTableLayers;  // past the slot table: the device route refuses the layer
   cuda::LayerOptions dev;
