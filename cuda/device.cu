@@ -58,7 +58,6 @@ StartEvent::~StartEvent() {
   g_start = prev_;
   g_start_used = prev_used_;
 }
-bool StartEvent::used() const { return g_start_used; }
 cudaEvent_t take_start_event() {
   if (g_start == nullptr || g_start_used) return nullptr;
   g_start_used = true;

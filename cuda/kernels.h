@@ -107,6 +107,10 @@ void mmq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGroup
 enum class MmvqEngine { kDp4a, kTensorCore, kStreamed };
 void set_mmvq_engine(MmvqEngine e, int tc_stages = 0, int tc_mode = 0);
 MmvqEngine mmvq_engine();
+// The streamed engine's warps per block: 4, 8, 12 or 16, or 0 for its default.
+constexpr bool stream_warps_allowed(int w) {
+  return w == 0 || w == 4 || w == 8 || w == 12 || w == 16;
+}
 // The streamed engine's shape: warps per block (4, 8, 12 or 16) and ring stages per warp (2..8);
 // 0 for the defaults (16 warps, 3 stages, fewer where shared memory is short). No bit depends on
 // it. Process-wide, for benchmarks and tests; not thread-safe.

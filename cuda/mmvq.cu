@@ -281,8 +281,7 @@ void set_mmvq_engine(MmvqEngine e, int tc_stages, int tc_mode) {
 MmvqEngine mmvq_engine() { return g_engine; }
 
 void set_mmvq_stream_shape(int warps, int stages) {
-  if ((warps != 0 && warps != 4 && warps != 8 && warps != 12 && warps != 16) ||
-      (stages != 0 && (stages < 2 || stages > 8)))
+  if (!stream_warps_allowed(warps) || (stages != 0 && (stages < 2 || stages > 8)))
     throw InputError(
         "cuda::set_mmvq_stream_shape: need warps 0, 4, 8, 12 or 16 and stages 0 or 2..8, found "
         "warps=" +
@@ -337,8 +336,7 @@ void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGrou
                          const int32_t* count, int n_proj, int64_t proj_stride, int max_n,
                          const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
                          void* stream, int64_t layer_tokens, int stream_warps) {
-  if (stream_warps != 0 && stream_warps != 4 && stream_warps != 8 && stream_warps != 12 &&
-      stream_warps != 16)
+  if (!stream_warps_allowed(stream_warps))
     throw InputError("cuda::mmvq_groups_planned: stream_warps must be 0, 4, 8, 12 or 16, found " +
                      std::to_string(stream_warps));
   if (n_proj < 1 || proj_stride < 0)

@@ -32,7 +32,7 @@ void check_options(const LayerWeights& w, const LayerOptions& o, const ExpertLru
     throw InputError(where + "options: mmvq_max_rows must be in [0, 8], found " +
                      std::to_string(o.mmvq_max_rows));
   for (const int sw : {o.gate_up_stream_warps, o.down_stream_warps})
-    if (sw != 0 && sw != 4 && sw != 8 && sw != 12 && sw != 16)
+    if (!stream_warps_allowed(sw))
       throw InputError(where +
                        "options: gate_up_stream_warps and down_stream_warps must be 0, 4, 8, 12 "
                        "or 16, found " +

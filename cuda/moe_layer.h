@@ -52,7 +52,8 @@ struct LayerOptions {
   // dependent launches (cuda/pdl.cuh), so each kernel starts while its predecessor finishes and
   // the down projections' first weight rows are in flight before their inputs are. Off by
   // default: measured on the H200 10 % slower at one token and 3 % slower at eight, where the
-  // early blocks hold multiprocessors the other stream's kernels need (docs/performance.md). No bit depends on it.
+  // early blocks hold multiprocessors the other stream's kernels need (docs/performance.md). No
+  // bit depends on it.
   bool programmatic_launch = false;
   // Device route: the streamed MMVQ engine's warps per block (0, 4, 8, 12 or 16; 0: the engine's
   // default, 16) for the gate / up launch and for the down launch of layers of up to 8 tokens. A

@@ -223,6 +223,10 @@ void MoeLayer::Impl::device_body(int64_t T, bool masked) {
   };
   if (q8_apart) quantize_q8_1_bf16(x.as<uint16_t>(), x_q8.as<BlockQ8_1>(), T, c.dim, main);
   BlockQ8_1* router_q8 = q8_apart ? nullptr : x_q8.as<BlockQ8_1>();
+  auto launch_router = [&] {
+    router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(), c.n_routed,
+                c.dim, T, main, w.router_type, router_q8);
+  };
   if (use_side && at == SharedFork::kInput) {
     fork();
     shared_side();
@@ -233,8 +237,7 @@ void MoeLayer::Impl::device_body(int64_t T, bool masked) {
     if (cs == cudaStreamCaptureStatusActive) {
       // In a graph: the side stream's first node depends on the router node's launch-completion
       // port (all its blocks begun), not on its completion.
-      router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(),
-                  c.n_routed, c.dim, T, main, w.router_type, router_q8);
+      launch_router();
       const cudaGraphNode_t* deps = nullptr;
       const cudaGraphEdgeData* edges = nullptr;
       size_t nd = 0;
@@ -256,15 +259,13 @@ void MoeLayer::Impl::device_body(int64_t T, bool masked) {
       MOECHECK_CUDA_CHECK(cudaEventRecord(ev_in, main));
       {
         const pdl::StartEvent se(ev_in);
-        router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(),
-                    c.n_routed, c.dim, T, main, w.router_type, router_q8);
+        launch_router();
       }
       MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(side, ev_in, 0));
       shared_side();
     }
   } else {
-    router_gemv(o.router, router.as<uint16_t>(), x.as<uint16_t>(), logits.as<float>(), c.n_routed,
-                c.dim, T, main, w.router_type, router_q8);
+    launch_router();
   }
   if (use_side && at == SharedFork::kRouter) {
     fork();

@@ -57,16 +57,15 @@ class Scope {
 
 // The launch-completion event of the next pdl::launch on this thread: while a StartEvent lives,
 // the first launch made through pdl::launch records `ev` when all its blocks have begun
-// (cudaLaunchAttributeLaunchCompletionEvent; ev made with cudaEventDisableTiming), and used()
-// says whether one did. A stream that waits on ev may then start beside that kernel, after its
-// blocks hold their multiprocessors. Launch order only.
+// (cudaLaunchAttributeLaunchCompletionEvent; ev made with cudaEventDisableTiming). A stream that
+// waits on ev may then start beside that kernel, after its blocks hold their multiprocessors.
+// Launch order only.
 class StartEvent {
  public:
   explicit StartEvent(cudaEvent_t ev);
   ~StartEvent();
   StartEvent(const StartEvent&) = delete;
   StartEvent& operator=(const StartEvent&) = delete;
-  bool used() const;
 
  private:
   cudaEvent_t prev_;

@@ -400,33 +400,26 @@ int main(int argc, char** argv) {
     lo.route = RoutePlace::kDevice;
     gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph"));
     gres.push_back(time_graph(w, lo, 8, copy, "device route, one graph, T=8"));
-    // Where the shared expert forks (LayerOptions::shared_fork_small / _large): the fork points
-    // before this tree (the input at T = 1, after the router at T = 8) and the others.
+    // Where the shared expert forks (LayerOptions::shared_fork_small at T = 1, _large at T = 8):
+    // every fork point other than the default.
     using cuda::SharedFork;
     const std::pair<SharedFork, const char*> forks[] = {
         {SharedFork::kInput, "at the input"},
         {SharedFork::kRouterStart, "at the router's start"},
         {SharedFork::kRouter, "after the router"},
         {SharedFork::kSelection, "after the selection"}};
-    for (const auto& [f, name] : forks) {
-      const bool before1 = f == SharedFork::kInput, before8 = f == SharedFork::kRouter;
-      if (f != lo.shared_fork_small) {
+    for (const auto& [f, name] : forks)
+      for (const int64_t T : {1, 8}) {
         cuda::LayerOptions fo = lo;
-        fo.shared_fork_small = f;
-        gres.push_back(time_graph(w, fo, 1, copy,
-                                  std::string("device route, one graph, shared expert forked ") +
-                                      name + (before1 ? " (before)" : "")));
+        SharedFork& at = T == 1 ? fo.shared_fork_small : fo.shared_fork_large;
+        if (at == f) continue;
+        at = f;
+        gres.push_back(time_graph(w, fo, T, copy,
+                                  std::string("device route, one graph") + (T == 1 ? "" : ", T=8") +
+                                      ", shared expert forked " + name));
       }
-      if (f != lo.shared_fork_large) {
-        cuda::LayerOptions fo = lo;
-        fo.shared_fork_large = f;
-        gres.push_back(time_graph(w, fo, 8, copy,
-                                  std::string("device route, one graph, T=8, shared expert forked ") +
-                                      name + (before8 ? " (before)" : "")));
-      }
-    }
-    // Programmatic dependent launch (LayerOptions::programmatic_launch; the default before this
-    // tree), at the default fork points and at the fork points before.
+    // Programmatic dependent launch (LayerOptions::programmatic_launch), at the default fork
+    // points and at those of the tree before the router-start fork (6521703).
     lo.programmatic_launch = true;
     gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph, programmatic launch"));
     gres.push_back(time_graph(w, lo, 8, copy, "device route, one graph, T=8, programmatic launch"));
@@ -436,10 +429,10 @@ int main(int argc, char** argv) {
       fo.shared_fork_large = SharedFork::kRouter;
       gres.push_back(time_graph(w, fo, 1, copy,
                                 "device route, one graph, programmatic launch, forked at the "
-                                "input (before)"));
+                                "input"));
       gres.push_back(time_graph(w, fo, 8, copy,
                                 "device route, one graph, T=8, programmatic launch, forked after "
-                                "the router (before)"));
+                                "the router"));
     }
     lo.programmatic_launch = false;
     // The streamed MMVQ at 8 and 12 warps a block (about half and three quarters of a

@@ -24,7 +24,6 @@ using gputest::same_f32;
 using gputest::same_taps;
 using gputest::Variant;
 
-// The device route under each kind of launch: plain, side stream, graphs, both.
 // The device route's variants: the default fork points (cuda::LayerOptions) with and without
 // graphs, both routers (a plain router's launch records no launch-completion event outside
 // graphs), programmatic launches, every other fork point, and the streamed MMVQ's warps per
