@@ -6,7 +6,11 @@
 // bf16_gemv_pair with more than kMaxGroupRows tokens run the GEMM of cuda/bf16_gemm.cu instead,
 // and at one token the streaming kernel of cuda/gemv_stream.cu where it applies (same bits; the
 // plain router keeps this file's kernels at every T).
+#include <atomic>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
 #include "core/error.h"
 #include "cuda/bf16_gemm.cuh"
@@ -65,6 +69,59 @@ __global__ void __launch_bounds__(kGemvPlainWarps* kWarpSize) gemv_plain_kernel(
   }
 }
 
+// Two to eight tokens: the block's token rows staged in shared memory once (n x K bf16), so that
+// a row's x chunks come from shared memory instead of L2. gemv_plain_kernel reads every token's
+// whole x from L2 again for each weight row (ds41's pair at T = 8: 4608 rows x 80 KB, 377 MB,
+// about what L2 delivers in the 68 us the layer trace showed). A block has kTokWarps warps and
+// strides over the rows (grid.x blocks per matrix, blockIdx.z the matrix); each warp takes rows
+// warp, warp + kTokWarps gridDim.x, ... with gemv_plain_kernel's loads and arithmetic, so the
+// same bits.
+constexpr int kTokWarps = 8;
+
+template <bool kF16W>
+__global__ void __launch_bounds__(kTokWarps* kWarpSize) gemv_tokens_kernel(GemvArgs p, int n) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint4* xs = reinterpret_cast<uint4*>(smem);  // [n][K / 8] chunks
+  const int64_t nchunks = p.K / kGemvChunk;
+  const int64_t nvec = n * nchunks;
+  const uint4* xg = reinterpret_cast<const uint4*>(p.x);
+  for (int64_t i = threadIdx.x; i < nvec; i += kTokWarps * kWarpSize) xs[i] = __ldg(xg + i);
+  __syncthreads();
+  const int lane = threadIdx.x % kWarpSize;
+  const uint16_t* wmat = blockIdx.z == 0 ? p.w[0] : p.w[1];
+  float* y = blockIdx.z == 0 ? p.y[0] : p.y[1];
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kTokWarps + threadIdx.x / kWarpSize;
+       row < p.rows; row += static_cast<int64_t>(gridDim.x) * kTokWarps) {
+    const uint16_t* wrow = wmat + row * p.K;
+    float acc[kMaxGroupRows];
+#pragma unroll
+    for (int t = 0; t < kMaxGroupRows; ++t) acc[t] = 0.0f;
+    for (int64_t c0 = lane; c0 < nchunks; c0 += kGemvUnroll * kWarpSize) {
+      uint4 wv[kGemvUnroll];
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; ++u) {
+        const int64_t c = c0 + u * kWarpSize;
+        if (c < nchunks) wv[u] = __ldcs(reinterpret_cast<const uint4*>(wrow + c * kGemvChunk));
+      }
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; ++u) {
+        const int64_t c = c0 + u * kWarpSize;
+        if (c >= nchunks) break;
+#pragma unroll
+        for (int t = 0; t < kMaxGroupRows; ++t)
+          if (t < n) acc[t] = bf16_chunk_fma<kF16W>(wv[u], xs[t * nchunks + c], acc[t]);
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kMaxGroupRows; ++t) {
+      if (t < n) {
+        const float v = warp_butterfly(acc[t]);
+        if (lane == 0) y[t * p.rows + row] = v;
+      }
+    }
+  }
+}
+
 // One token (the plain router at T = 1; the shared expert where the streaming kernel does not
 // apply or cuda::set_bf16_gemv_stream(false)): every chunk of the lane's row is
 // loaded before the first fma (kNC chunks per lane: the whole row in flight, up to 8192 values),
@@ -113,9 +170,52 @@ bool launch_gemv_one(const GemvArgs& a, int n_mat, dim3 grid, void* stream) {
   return true;
 }
 
+// gemv_tokens_kernel for 2 - 8 tokens where n x K bf16 fit a block's shared memory; false
+// otherwise (or cuda::set_bf16_gemv_x_staged(false)). The grid: as many blocks per matrix as fit
+// the multiprocessors at once (at least one), each striding over its matrix's rows. The kernel's
+// dynamic shared memory limit is raised to the largest once per (kernel, device) (a limit set to
+// one launch's bytes would refuse a larger launch later), and its occupancy asked once per
+// (kernel, device, bytes).
+std::atomic<bool> g_x_staged{true};
+std::mutex g_tok_mu;
+std::map<std::tuple<bool, int, size_t>, int> g_tok_fit;  // (f16, device, smem) -> blocks per SM
+std::map<std::pair<bool, int>, bool> g_tok_limit;        // (f16, device) -> limit raised
+
+template <bool kF16W>
+bool launch_gemv_tokens(const GemvArgs& a, int n_mat, void* stream) {
+  constexpr size_t kMaxSmem = 227 * 1024;
+  const size_t smem = static_cast<size_t>(a.T) * static_cast<size_t>(a.K) * 2;
+  if (!g_x_staged || a.T < 2 || a.T > kMaxGroupRows || smem > kMaxSmem) return false;
+  const void* f = reinterpret_cast<const void*>(gemv_tokens_kernel<kF16W>);
+  prefer_shared_carveout(f);
+  int dev = 0, per_sm = 0;
+  MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
+  {
+    const std::lock_guard<std::mutex> lock(g_tok_mu);
+    if (g_tok_limit.try_emplace({kF16W, dev}, true).second)
+      MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kMaxSmem)));
+    auto [it, fresh] = g_tok_fit.try_emplace({kF16W, dev, smem}, 0);
+    if (fresh) {
+      MOECHECK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &it->second, gemv_tokens_kernel<kF16W>, kTokWarps * kWarpSize, smem));
+    }
+    per_sm = it->second;
+  }
+  if (per_sm < 1) return false;
+  const int64_t want = (a.rows + kTokWarps - 1) / kTokWarps;
+  const int64_t fit = (static_cast<int64_t>(per_sm) * current_sm_count() + n_mat - 1) / n_mat;
+  const dim3 grid(static_cast<unsigned>(want < fit ? want : fit), 1, static_cast<unsigned>(n_mat));
+  gemv_tokens_kernel<kF16W>
+      <<<grid, kTokWarps * kWarpSize, smem, as_stream(stream)>>>(a, static_cast<int>(a.T));
+  MOECHECK_CUDA_CHECK(cudaGetLastError());
+  return true;
+}
+
 template <bool kF16W>
 void launch_gemv_typed(const GemvArgs& a, int n_mat, dim3 grid, void* stream) {
   if (launch_gemv_one<kF16W>(a, n_mat, grid, stream)) return;
+  if (launch_gemv_tokens<kF16W>(a, n_mat, stream)) return;
   gemv_plain_kernel<kF16W><<<grid, kGemvPlainWarps * kWarpSize, 0, as_stream(stream)>>>(a);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
@@ -168,6 +268,8 @@ void launch_bf16(const GemvArgs& a, int n_mat, const char* op, void* stream) {
 }
 
 }  // namespace detail
+
+void set_bf16_gemv_x_staged(bool on) { detail::g_x_staged = on; }
 
 void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K, int64_t T,
                void* stream) {

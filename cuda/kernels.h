@@ -66,11 +66,15 @@ void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* group
 // live count G is read from the DEVICE word *count when the kernel starts, and the launch computes
 // the n_proj * G groups (gate and up: n_proj 2). Bits equal mmvq_groups on the same groups.
 // stream_warps (0, 4, 8, 12 or 16): the streamed engine's warps per block for this launch (0:
-// set_mmvq_stream_shape's). No bit depends on it.
+// set_mmvq_stream_shape's). warm, warm_bytes (optional): a device range holding the plan (the
+// count, the groups, the slot table), which the streamed engine's blocks prefetch into L1 when
+// they start, so that the chain count -> group -> slot pointer -> copy costs one round trip to
+// L2 instead of three. No bit depends on either.
 void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups,
                          const int32_t* count, int n_proj, int64_t proj_stride, int max_n,
                          const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
-                         void* stream, int64_t layer_tokens = 0, int stream_warps = 0);
+                         void* stream, int64_t layer_tokens = 0, int stream_warps = 0,
+                         const void* warm = nullptr, int64_t warm_bytes = 0);
 
 // ---- mmq (cuda/mmq.cu): the batched form, for experts with more rows than one group ----
 // The same bits as mmvq_groups on the same groups (docs/numerics.md "mmvq_q2k, mmvq_q3k"),
@@ -128,6 +132,11 @@ void set_mmvq_rows_per_warp(int r);
 // takes the register-staged kernel (cuda/bf16_gemv.cu). No bit depends
 // on it. Process-wide, for tests and benchmarks; not thread-safe.
 void set_bf16_gemv_stream(bool on);
+// The bf16 GEMVs of 2 - 8 tokens (the shared expert's, the plain router's): true (the default)
+// stages the tokens' x rows in each block's shared memory (cuda/bf16_gemv.cu gemv_tokens_kernel,
+// where n x K bf16 fit), false reads them from L2 for every weight row (gemv_plain_kernel, as
+// before). No bit depends on it. Process-wide, for tests and benchmarks.
+void set_bf16_gemv_x_staged(bool on);
 // The layer's kernels (the router, the selection, the streaming GEMVs, SwiGLU, the streamed MMVQ,
 // the accumulation) ask for the largest shared-memory carveout (true, the default) or the
 // driver's default (false, as before), so that their blocks can share a multiprocessor (cuda/

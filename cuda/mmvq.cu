@@ -335,7 +335,8 @@ void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* group
 void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups,
                          const int32_t* count, int n_proj, int64_t proj_stride, int max_n,
                          const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
-                         void* stream, int64_t layer_tokens, int stream_warps) {
+                         void* stream, int64_t layer_tokens, int stream_warps, const void* warm,
+                         int64_t warm_bytes) {
   if (!stream_warps_allowed(stream_warps))
     throw InputError("cuda::mmvq_groups_planned: stream_warps must be 0, 4, 8, 12 or 16, found " +
                      std::to_string(stream_warps));
@@ -352,6 +353,12 @@ void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGrou
   p.proj_stride = proj_stride;
   p.n_proj = n_proj;
   p.sb_warps = stream_warps;
+  if (warm != nullptr && warm_bytes > 0) {
+    const uintptr_t w0 = reinterpret_cast<uintptr_t>(warm) & ~uintptr_t{127};
+    const uintptr_t w1 = reinterpret_cast<uintptr_t>(warm) + static_cast<uintptr_t>(warm_bytes);
+    p.warm = reinterpret_cast<const uint8_t*>(w0);
+    p.warm_lines = static_cast<int>((w1 - w0 + 127) / 128);
+  }
   launch(p, t, n_proj * proj_stride, max_n, warps, "mmvq_groups_planned", stream,
          layer_tokens <= kMaxGroupRows);
 }

@@ -381,6 +381,10 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
     pdl::wait();
     pdl::launch_dependents();
   }
+  // The plan into L1 at once (mmvq_groups_planned's warm range): the reads below are a chain
+  // (count, then the group, then its slot pointer, then the copy), an L2 round trip each without.
+  for (int i = static_cast<int>(threadIdx.x); i < p.warm_lines; i += kThreads)
+    bulk::prefetch_l1(p.warm + 128 * static_cast<int64_t>(i));
 
   const int64_t G = p.form == Form::kPlain ? 0 : live_groups(p);
   int32_t* pre = nullptr;

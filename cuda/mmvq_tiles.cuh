@@ -39,6 +39,10 @@ struct MmvqParams {
   int64_t proj_stride = 0;
   int n_proj = 1;
   int sb_warps = 0;  // the streamed engine's warps per block for this launch; 0: the process's
+  // The streamed engine's L1 prefetch at its start (mmvq_groups_planned's warm range): warm_lines
+  // 128-byte lines from warm (128-byte aligned). nullptr: none.
+  const uint8_t* warm = nullptr;
+  int warm_lines = 0;
 };
 
 // The groups this launch computes (the device route's count, or n_groups).

@@ -55,12 +55,18 @@ struct LayerOptions {
   // early blocks hold multiprocessors the other stream's kernels need (docs/performance.md). No
   // bit depends on it.
   bool programmatic_launch = false;
-  // Device route: the streamed MMVQ engine's warps per block (0, 4, 8, 12 or 16; 0: the engine's
-  // default, 16) for the gate / up launch and for the down launch of layers of up to 8 tokens. A
-  // 12-warp block leaves room on its multiprocessor for one of the shared expert's GEMV blocks.
-  // No bit depends on them.
+  // Device route: the streamed MMVQ engine's warps per block (0, 4, 8, 12 or 16) for the gate /
+  // up launch and for the down launch of layers of up to 8 tokens. 0: for gate / up 12 at one
+  // token and the engine's 16 above, for down the engine's 16. A 12-warp block leaves room on
+  // its multiprocessor for one of the shared expert's GEMV blocks (measured on the H200: the
+  // one-token gate / up MMVQ then starts beside the shared pair GEMV, docs/performance.md). No
+  // bit depends on them.
   int gate_up_stream_warps = 0;
   int down_stream_warps = 0;
+  // Device route: the streamed MMVQ's blocks prefetch the device plan into L1 as they start
+  // (mmvq_groups_planned's warm range), so that reading a group's count, entry and slot pointer
+  // costs one round trip to L2 instead of three. No bit depends on it.
+  bool prefetch_plan = true;
   bool use_graphs = false;  // replay the post-routing launches as a CUDA graph
   // Captured graphs run their kernels at the priorities of the streams they were captured on
   // (the main stream's above the side stream's: cudaGraphInstantiateFlagUseNodePriority), not

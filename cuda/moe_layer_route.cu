@@ -120,12 +120,19 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
   const auto* counts = reinterpret_cast<const int32_t*>(dplan.as<uint8_t>() + D.counts);
   const int ew = o.expert_warps, max_n = static_cast<int>(T < kMaxGroupRows ? T : kMaxGroupRows);
   const BlockQ8_1* xq = x_q8.as<BlockQ8_1>();
+  // The plan up to its scratch (slot table, groups, rows, weights, counts), prefetched into L1 by
+  // the streamed MMVQ's blocks as they start (mmvq_groups_planned's warm range).
+  // The gate / up launch's warps (LayerOptions::gate_up_stream_warps; 0: 12 at one token, where a
+  // shared GEMV block then fits beside each MMVQ block, else the engine's 16).
+  const int gu_warps = o.gate_up_stream_warps != 0 ? o.gate_up_stream_warps : T == 1 ? 12 : 0;
+  const uint8_t* warm = o.prefetch_plan ? dplan.as<uint8_t>() : nullptr;
+  const auto warm_bytes = static_cast<int64_t>(o.prefetch_plan ? D.scratch : 0);
   // MMVQ over the Gs groups counts[3] of each projection, MMQ over [Gs, G) (counts[1]).
   if (w.gate_exps.type == w.up_exps.type) {
     {
       const pdl::Scope sc(launch_mode);
       mmvq_groups_planned(w.gate_exps.type, slots, groups, counts + 3, 2, P, max_n, xq,
-                          gu.as<float>(), c.inter, c.dim, ew, main, T, o.gate_up_stream_warps);
+                          gu.as<float>(), c.inter, c.dim, ew, main, T, gu_warps, warm, warm_bytes);
     }
     if (T > o.mmvq_max_rows)
       mmq_groups_planned(w.gate_exps.type, slots, groups, counts, 2, P, xq, gu.as<float>(), c.inter,
@@ -136,7 +143,7 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
       {
         const pdl::Scope sc(launch_mode);
         mmvq_groups_planned(t, slots, groups + j * P, counts + 3, 1, P, max_n, xq, gu.as<float>(),
-                            c.inter, c.dim, ew, main, T, o.gate_up_stream_warps);
+                            c.inter, c.dim, ew, main, T, gu_warps, warm, warm_bytes);
       }
       if (T > o.mmvq_max_rows)
         mmq_groups_planned(t, slots, groups + j * P, counts, 1, P, xq, gu.as<float>(), c.inter,
@@ -152,7 +159,7 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
     const pdl::Scope sc(early_mode);
     mmvq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts + 3, 1, P, max_n,
                         h_q8.as<BlockQ8_1>(), down.as<float>(), c.dim, c.inter, ew, main, T,
-                        o.down_stream_warps);
+                        o.down_stream_warps, warm, warm_bytes);
   }
   if (T > o.mmvq_max_rows)
     mmq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts, 1, P, h_q8.as<BlockQ8_1>(),

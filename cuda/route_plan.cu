@@ -13,7 +13,9 @@
 namespace moecheck::cuda {
 namespace {
 
-constexpr int kPlanThreads = 512;
+// 256: a block fits the room one block of the shared expert's register-staged GEMV leaves
+// (docs/performance.md "the T = 8 stall"). No bit depends on it.
+constexpr int kPlanThreads = 256;
 // Up to this many picks (T * topk) are staged in shared memory for the scans below.
 constexpr int64_t kStagedPicks = 3072;  // with 2048 experts: 44 KB, under the 48 KB default
 

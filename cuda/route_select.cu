@@ -125,55 +125,101 @@ __device__ __forceinline__ void header_init(int32_t* hdr, int64_t T, int64_t k) 
 
 __global__ void route_header_init(int32_t* hdr, int64_t T, int64_t k) { header_init(hdr, T, k); }
 
-// Scores s[e] of token row z (core/routing.cpp score_token), the block's threads over experts
-// (each score is a long f64 chain: one or two per thread); softmax's max and sum run on thread 0
-// in id order, exactly as the host loops.
-__device__ void token_scores(const float* z, const RouteParams& rp, float* s) {
-  const int n = static_cast<int>(rp.n_routed);
-  if (rp.score_func != static_cast<int>(ScoreFunc::kSoftmax)) {
-    const bool sig = rp.score_func == static_cast<int>(ScoreFunc::kSigmoid);
-    for (int e = threadIdx.x; e < n; e += blockDim.x) {
-      const float a = div_rn(z[e], rp.gate_temp);
-      s[e] = sig ? psigmoid(a) : psqrt_softplus(a);
-    }
-    __syncthreads();
-    return;
-  }
-  __shared__ float m_sh, sum_sh;
-  for (int e = threadIdx.x; e < n; e += blockDim.x) s[e] = div_rn(z[e], rp.gate_temp);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float m = s[0];
-    for (int e = 1; e < n; ++e) m = s[e] > m ? s[e] : m;
-    m_sh = m;
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < n; e += blockDim.x) s[e] = pexp(sub_rn(s[e], m_sh));
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float sum = 0.0f;
-    for (int e = 0; e < n; ++e) sum = add_rn(sum, s[e]);
-    sum_sh = sum;
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < n; e += blockDim.x) s[e] = div_rn(s[e], sum_sh);
-  __syncthreads();
+// The block's per-expert staging (route_select_kernel), every global read of the selection issued
+// at its start: thread i takes experts i, i + blockDim, ... For each it loads the token's logit,
+// its bias (both biases when there is an image mask, chosen once the mask byte is in) and its
+// slot, and, for the one-token plan, the three slot pointers of a resident expert. Those are one
+// round trip after the slot, in flight while the score's f64 chain runs. The selection was a
+// chain of four dependent round trips (logits, bias, slot, slot pointers), each slower while the
+// shared expert streams beside it (docs/performance.md). Shared: s, key [n] f32, slot_e [n],
+// and ptr [3][n] when the pointers are staged. Scores are core/routing.cpp score_token's (each a
+// long f64 chain); softmax's max and sum run on thread 0 in id order, exactly as the host loops.
+// NaN rule of route_token: the first expert whose logit or bias is NaN, else the first NaN key
+// (minima by atomicMin: order-free); n when none.
+// Slot pointers are staged for the one-token plan up to this many experts (24 B each).
+constexpr int kStagedPointerExperts = 1024;
+
+struct Staged {
+  float* s;
+  float* key;
+  int32_t* slot_e;
+  const uint8_t** ptr;  // [3][n] gate, up, down pointers; nullptr: not staged
+};
+
+__host__ __device__ inline bool stage_slot_pointers(const SelectArgs& a) {
+  return a.plan != nullptr && a.rp.n_routed <= kStagedPointerExperts;
 }
 
-// The NaN rule of route_token: the first expert whose logit or bias is NaN, else the first NaN
-// key; n when none (minima by atomicMin: order-free).
-__device__ int nan_expert(const float* z, const float* b, const float* key, int n) {
+__device__ int stage_token(const SelectArgs& a, int64_t t, const Staged& st) {
+  const int n = static_cast<int>(a.rp.n_routed);
+  const bool sm = a.rp.score_func == static_cast<int>(ScoreFunc::kSoftmax);
+  const bool sig = a.rp.score_func == static_cast<int>(ScoreFunc::kSigmoid);
+  const float* z = a.logits + t * n;
+  const bool vl = a.bias_vl != nullptr && a.mask != nullptr;
   __shared__ int first_in, first_key;
+  __shared__ float m_sh, sum_sh;
   if (threadIdx.x == 0) {
     first_in = n;
     first_key = n;
   }
+  const bool use_vl = vl && a.mask[t] != 0;
   __syncthreads();
   for (int e = threadIdx.x; e < n; e += blockDim.x) {
-    if (is_nan(z[e]) || is_nan(b[e])) atomicMin(&first_in, e);
-    if (is_nan(key[e])) atomicMin(&first_key, e);
+    const float zv = z[e];
+    const float bb = a.bias[e];
+    const float bv = vl ? a.bias_vl[e] : 0.0f;
+    const int32_t slot = a.slots[e];
+    const uint8_t *pg = nullptr, *pu = nullptr, *pd = nullptr;
+    if (st.ptr != nullptr && slot >= 0) {
+      pg = a.slot_gate[slot];
+      pu = a.slot_up[slot];
+      pd = a.slot_down[slot];
+    }
+    const float b = use_vl ? bv : bb;
+    const float q = div_rn(zv, a.rp.gate_temp);
+    float sc = q;
+    if (!sm) sc = sig ? psigmoid(q) : psqrt_softplus(q);
+    if (is_nan(zv) || is_nan(b)) atomicMin(&first_in, e);
+    st.s[e] = sc;
+    if (sm) {
+      st.key[e] = b;  // the key once the softmax is done
+    } else {
+      const float k = add_rn(sc, b);
+      st.key[e] = k;
+      if (is_nan(k)) atomicMin(&first_key, e);
+    }
+    st.slot_e[e] = slot;
+    if (st.ptr != nullptr) {
+      st.ptr[e] = pg;
+      st.ptr[n + e] = pu;
+      st.ptr[2 * n + e] = pd;
+    }
   }
   __syncthreads();
+  if (sm) {
+    float* s = st.s;
+    if (threadIdx.x == 0) {
+      float m = s[0];
+      for (int e = 1; e < n; ++e) m = s[e] > m ? s[e] : m;
+      m_sh = m;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n; e += blockDim.x) s[e] = pexp(sub_rn(s[e], m_sh));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float sum = 0.0f;
+      for (int e = 0; e < n; ++e) sum = add_rn(sum, s[e]);
+      sum_sh = sum;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+      s[e] = div_rn(s[e], sum_sh);
+      const float k = add_rn(s[e], st.key[e]);
+      st.key[e] = k;
+      if (is_nan(k)) atomicMin(&first_key, e);
+    }
+    __syncthreads();
+  }
   return first_in < n ? first_in : first_key;
 }
 
@@ -182,7 +228,7 @@ __device__ int nan_expert(const float* z, const float* b, const float* key, int 
 // picks l, l + 32 (the slot loads of all picks in flight at once). The weights and slots also
 // land in w_out / slot_out [k] for one_token_plan.
 __device__ void write_token(const SelectArgs& a, int64_t t, const int* ids, const float* s,
-                            float* w_out, int32_t* slot_out) {
+                            const int32_t* slot_e, float* w_out, int32_t* slot_out) {
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
   const int k = static_cast<int>(a.rp.topk);
   const RouteHeaderLayout L{a.T, k};
@@ -197,7 +243,7 @@ __device__ void write_token(const SelectArgs& a, int64_t t, const int* ids, cons
     float w = s[ids[j]];
     if (norm) w = div_rn(w, sum);
     w = mul_rn(w, a.rp.route_scale);
-    const int32_t slot = a.slots[ids[j]];
+    const int32_t slot = slot_e[ids[j]];
     a.hdr[RouteHeaderLayout::kPicks + t * k + j] = ids[j];
     a.hdr[L.weights() + t * k + j] = static_cast<int32_t>(__float_as_uint(w));
     a.hdr[L.slots() + t * k + j] = slot;
@@ -217,7 +263,8 @@ __device__ void write_token(const SelectArgs& a, int64_t t, const int* ids, cons
 // scratch included; lane l writes picks l, l + 32. A nonzero status: zero rows and weights,
 // counts 0 (as route_plan). w / slot: the picks' weights and slots from write_token.
 __device__ void one_token_plan(const SelectArgs& a, const int* ids, const float* w,
-                               const int32_t* slot, bool nan_token) {
+                               const int32_t* slot, const uint8_t* const* ptr, bool nan_token) {
+  const int n = static_cast<int>(a.rp.n_routed);
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
   const int k = static_cast<int>(a.rp.topk), P = k, U = k;
   const DevicePlanLayout D(1, k);
@@ -257,9 +304,15 @@ __device__ void one_token_plan(const SelectArgs& a, const int* ids, const float*
     g.a_row[0] = r;
     g.y_row[0] = r;
     groups[2 * P + r] = g;
-    sp[r] = a.slot_gate[slot[j]];
-    sp[U + r] = a.slot_up[slot[j]];
-    sp[2 * U + r] = a.slot_down[slot[j]];
+    if (ptr != nullptr) {  // staged by stage_token, expert ids[j]'s
+      sp[r] = ptr[ids[j]];
+      sp[U + r] = ptr[n + ids[j]];
+      sp[2 * U + r] = ptr[2 * n + ids[j]];
+    } else {
+      sp[r] = a.slot_gate[slot[j]];
+      sp[U + r] = a.slot_up[slot[j]];
+      sp[2 * U + r] = a.slot_down[slot[j]];
+    }
     rows[r] = r;
     weights[r] = w[j];
   }
@@ -282,14 +335,15 @@ __global__ void __launch_bounds__(1024) route_select_kernel(SelectArgs a) {
   pdl::wait();  // the logits (cuda/pdl.cuh: nothing is read before it)
   pdl::launch_dependents();
   if (a.init && threadIdx.x == 0) header_init(a.hdr, a.T, k);
-  float* s = reinterpret_cast<float*>(smem);
-  float* key = s + n;
-  const float* z = a.logits + t * n;
-  const float* b = a.bias_vl != nullptr && a.mask != nullptr && a.mask[t] != 0 ? a.bias_vl : a.bias;
-  token_scores(z, a.rp, s);
-  for (int e = threadIdx.x; e < n; e += blockDim.x) key[e] = add_rn(s[e], b[e]);
-  __syncthreads();
-  const int bad = nan_expert(z, b, key, n);
+  const bool stage_ptrs = stage_slot_pointers(a);
+  Staged st{};
+  st.ptr = stage_ptrs ? reinterpret_cast<const uint8_t**>(smem) : nullptr;
+  st.s = reinterpret_cast<float*>(smem + (stage_ptrs ? static_cast<size_t>(n) * 24 : 0));
+  st.key = st.s + n;
+  st.slot_e = reinterpret_cast<int32_t*>(st.key + n);
+  const int bad = stage_token(a, t, st);
+  const float* s = st.s;
+  const float* key = st.key;
   if (threadIdx.x >= kWarpSize) return;
   __shared__ int ids[64];
   __shared__ float w_sh[64];
@@ -307,7 +361,7 @@ __global__ void __launch_bounds__(1024) route_select_kernel(SelectArgs a) {
       }
     }
     __syncwarp();
-    if (a.plan != nullptr) one_token_plan(a, ids, w_sh, slot_sh, true);  // the zero plan
+    if (a.plan != nullptr) one_token_plan(a, ids, w_sh, slot_sh, st.ptr, true);  // the zero plan
     return;
   }
   if (n <= kWarpSize * kRegCand) {
@@ -328,8 +382,8 @@ __global__ void __launch_bounds__(1024) route_select_kernel(SelectArgs a) {
     }
     __syncwarp();
   }
-  write_token(a, t, ids, s, w_sh, slot_sh);
-  if (a.plan != nullptr) one_token_plan(a, ids, w_sh, slot_sh, false);
+  write_token(a, t, ids, s, st.slot_e, w_sh, slot_sh);
+  if (a.plan != nullptr) one_token_plan(a, ids, w_sh, slot_sh, st.ptr, false);
 }
 
 void check_select(int64_t T, const RouteParams& rp) {
@@ -341,12 +395,16 @@ void check_select(int64_t T, const RouteParams& rp) {
                      std::to_string(rp.n_routed) + " topk=" + std::to_string(rp.topk));
 }
 
-// One block per token, one thread per expert (two beyond 1024 experts), at least one warp.
+// One block per token, one thread per expert (two beyond 1024 experts), at least one warp; at
+// most 256 threads for several tokens, so that a block fits the room one block of the shared
+// expert's register-staged GEMV leaves (12 K registers; docs/performance.md "the T = 8 stall").
+// No bit depends on the thread count (the kernel loops over experts by blockDim.x).
 void launch_select(const SelectArgs& a, void* stream) {
   const int64_t n = a.rp.n_routed;
+  const int64_t most = a.T > 1 ? 256 : 1024;
   const int threads =
-      static_cast<int>(n > 1024 ? 1024 : (n + kWarpSize - 1) / kWarpSize * kWarpSize);
-  const size_t smem = static_cast<size_t>(n) * 8;
+      static_cast<int>(n > most ? most : (n + kWarpSize - 1) / kWarpSize * kWarpSize);
+  const size_t smem = static_cast<size_t>(n) * (stage_slot_pointers(a) ? 36 : 12);
   pdl::launch(route_select_kernel, dim3(static_cast<unsigned>(a.T)), dim3(threads), smem,
               as_stream(stream), a);
 }

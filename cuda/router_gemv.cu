@@ -19,11 +19,14 @@
 namespace moecheck::cuda {
 namespace {
 
-// Chunks per thread loaded before the first use (K = 5120 has 640 chunks: 2 or 3 per thread).
-constexpr int kStagedUnroll = 4;
+// Chunks per thread loaded before the first use (K = 5120 has 640 chunks: 2 or 3 per thread, so
+// one round trip). No bit depends on it: a thread's chunks are taken in increasing order.
+constexpr int kStagedUnroll = 3;
 
+// At most 64 registers (four blocks a multiprocessor): three blocks fit beside one block of the
+// shared expert's streaming GEMV, so the 384 rows of ds41 start in one wave.
 template <bool kF16W>
-__global__ void __launch_bounds__(kRouterStagedThreads)
+__global__ void __launch_bounds__(kRouterStagedThreads, 4)
     router_staged_kernel(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K,
                          int64_t T, BlockQ8_1* xq) {
   __shared__ float part[kMaxGroupRows][kRouterStagedThreads];
@@ -40,18 +43,24 @@ __global__ void __launch_bounds__(kRouterStagedThreads)
 #pragma unroll
   for (int t = 0; t < kMaxGroupRows; ++t) acc[t] = 0.0f;
   for (int64_t c0 = tid; c0 < nchunks; c0 += kStagedUnroll * kRouterStagedThreads) {
-    uint4 wv[kStagedUnroll];
+    // The weight chunks and the first token's x chunks in flight together (one round trip, not
+    // one for the weights and one per chunk of x).
+    uint4 wv[kStagedUnroll], x0[kStagedUnroll];
 #pragma unroll
     for (int u = 0; u < kStagedUnroll; ++u) {
       const int64_t c = c0 + u * kRouterStagedThreads;
-      if (c < nchunks) wv[u] = __ldcs(reinterpret_cast<const uint4*>(wrow + c * kGemvChunk));
+      if (c < nchunks) {
+        wv[u] = __ldcs(reinterpret_cast<const uint4*>(wrow + c * kGemvChunk));
+        x0[u] = __ldg(reinterpret_cast<const uint4*>(x + t0 * K + c * kGemvChunk));
+      }
     }
 #pragma unroll
     for (int u = 0; u < kStagedUnroll; ++u) {
       const int64_t c = c0 + u * kRouterStagedThreads;
       if (c >= nchunks) break;
+      acc[0] = bf16_chunk_fma<kF16W>(wv[u], x0[u], acc[0]);
 #pragma unroll
-      for (int t = 0; t < kMaxGroupRows; ++t) {
+      for (int t = 1; t < kMaxGroupRows; ++t) {
         if (t < n) {
           const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + (t0 + t) * K + c * kGemvChunk));
           acc[t] = bf16_chunk_fma<kF16W>(wv[u], xv, acc[t]);

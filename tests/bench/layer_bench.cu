@@ -110,7 +110,12 @@ GraphResult time_graph(const LayerWeights& w, const cuda::LayerOptions& lo, int6
   MOECHECK_CUDA_CHECK(cudaEventDestroy(b));
   MOECHECK_CUDA_CHECK(cudaStreamDestroy(s));
   MOECHECK_CUDA_CHECK(cudaFree(pool));
-  return {name, T, bench::median(dev), bench::median(host), bench::median(floor)};
+  const GraphResult r{name, T, bench::median(dev), bench::median(host), bench::median(floor)};
+  // Each row as it is measured (the table follows at the end), so a run cut short keeps its rows.
+  std::printf("graph row: %s | T=%lld | device %.1f us | floor %.1f us\n", name.c_str(),
+              static_cast<long long>(T), r.dev_us, r.floor_us);
+  std::fflush(stdout);
+  return r;
 }
 
 // The staged router alone on the layer's router weights (3.9 MB at ds41), event-timed single
@@ -264,7 +269,9 @@ void report(int replays) {
 // carve = 0 / 1 (cuda::set_max_shared_carveout), prio = 0 / 1 (graph_node_priority), fork = 0..3
 // (SharedFork for every T: input, router start, after the router, after the selection), side =
 // 0 / 1 (shared_side_stream), mmvq_warps = 0 / 4 / 8 / 12 / 16 (cuda::set_mmvq_stream_shape),
-// gu_warps / down_warps = 0 / 4 / 8 / 12 / 16 (gate_up_stream_warps, down_stream_warps).
+// gu_warps / down_warps = 0 / 4 / 8 / 12 / 16 (gate_up_stream_warps, down_stream_warps),
+// prefetch_plan = 0 / 1 (LayerOptions::prefetch_plan), x_staged = 0 / 1
+// (cuda::set_bf16_gemv_x_staged).
 static int trace_graph(const LayerWeights& w, int64_t T, const std::vector<std::string>& kv) {
   cuda::LayerOptions lo;
   lo.route = RoutePlace::kDevice;
@@ -281,6 +288,8 @@ static int trace_graph(const LayerWeights& w, int64_t T, const std::vector<std::
     else if (k == "mmvq_warps" && v >= 0) cuda::set_mmvq_stream_shape(v, 0);
     else if (k == "gu_warps" && v >= 0) lo.gate_up_stream_warps = v;
     else if (k == "down_warps" && v >= 0) lo.down_stream_warps = v;
+    else if (k == "prefetch_plan" && (v == 0 || v == 1)) lo.prefetch_plan = v == 1;
+    else if (k == "x_staged" && (v == 0 || v == 1)) cuda::set_bf16_gemv_x_staged(v == 1);
     else {
       std::fprintf(stderr, "layer_bench trace: unknown option '%s'\n", a.c_str());
       return 2;
@@ -449,7 +458,7 @@ int main(int argc, char** argv) {
     cuda::set_mmvq_stream_shape(0, 0);
     // 12 warps for one of the two launches only (LayerOptions::gate_up_stream_warps,
     // down_stream_warps): the shared down GEMV's blocks fit beside that launch's.
-    for (const auto& [gw, dw] : {std::pair{16, 12}, std::pair{12, 16}}) {
+    for (const auto& [gw, dw] : {std::pair{16, 12}, std::pair{12, 16}, std::pair{12, 12}}) {
       cuda::LayerOptions fo = lo;
       fo.gate_up_stream_warps = gw;
       fo.down_stream_warps = dw;
@@ -460,6 +469,32 @@ int main(int argc, char** argv) {
     }
     gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph (again)"));
     gres.push_back(time_graph(w, lo, 8, copy, "device route, one graph, T=8 (again)"));
+    // Three more alternating passes, one process: the default against the levers it replaced
+    // (16-warp gate / up launches at one token; the plan not prefetched; x of the 2 - 8 token
+    // GEMVs read from L2), since a default moves on repeated A / B pairs, not on one sample.
+    for (int pass = 2; pass <= 4; ++pass) {
+      const std::string again = " (A/B pass " + std::to_string(pass) + ")";
+      gres.push_back(time_graph(w, lo, 1, copy, "device route, one graph" + again));
+      {
+        cuda::LayerOptions fo = lo;
+        fo.gate_up_stream_warps = 16;
+        gres.push_back(time_graph(
+            w, fo, 1, copy,
+            "device route, one graph, streamed MMVQ gate/up 16 x down 16 warps (before)" + again));
+        fo = lo;
+        fo.prefetch_plan = false;
+        gres.push_back(
+            time_graph(w, fo, 1, copy, "device route, one graph, plan not prefetched" + again));
+      }
+      gres.push_back(time_graph(w, lo, 8, copy, "device route, one graph, T=8" + again));
+      cuda::set_bf16_gemv_x_staged(false);
+      gres.push_back(
+          time_graph(w, lo, 8, copy, "device route, one graph, T=8, x not staged" + again));
+      if (pass == 2)
+        gres.push_back(time_graph(w, lo, 4, copy, "device route, one graph, T=4, x not staged"));
+      cuda::set_bf16_gemv_x_staged(true);
+      if (pass == 2) gres.push_back(time_graph(w, lo, 4, copy, "device route, one graph, T=4"));
+    }
     // The routed MMVQs on the dp4a kernel (the engine before the streamed one), in two passes
     // around a second pass of the default, for the spread.
     for (int pass = 0; pass < 2 && !graph_only; ++pass) {

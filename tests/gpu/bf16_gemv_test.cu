@@ -118,6 +118,60 @@ TEST(Bf16Gemv, PairEqualsEmu_Ds41Shared_T1_T8) {
   }
 }
 
+// Restores the default GEMV of 2 - 8 tokens (x staged in shared memory) when a test ends.
+struct XStagedDefault {
+  ~XStagedDefault() { cuda::set_bf16_gemv_x_staged(true); }
+};
+
+// 2 - 8 tokens: the kernel with the tokens' x staged in shared memory (the default; its warps
+// stride over the rows, several rows a warp from about 2000 rows) and the kernel that reads x
+// from L2 per row (set_bf16_gemv_x_staged(false); also the fallback where n x K bf16 exceed a
+// block's shared memory, K = 16384 at T = 8 below), both against emu::bf16_gemv / _pair.
+TEST(Bf16Gemv, SeveralTokens_XStagedAndNot_EqualsEmu) {
+  MOECHECK_REQUIRE_GPU();
+  XStagedDefault restore;
+  for (bool staged : {true, false}) {
+    SCOPED_TRACE(staged ? "x staged in shared memory" : "x read from L2");
+    cuda::set_bf16_gemv_x_staged(staged);
+    for (uint64_t s = 2001; s <= 2040; ++s) ASSERT_NO_FATAL_FAILURE(check(s, 2 + s % 7));
+    for (uint64_t s = 2101; s <= 2106; ++s) {  // many rows, every T of the kernel
+      emutest::Gen g(s);
+      const int64_t T = 2 + static_cast<int64_t>(s % 7),
+                    rows = s == 2106 ? 300 : 1500 + g.u32() % 3000,
+                    K = s == 2106 ? 16384 : 8 * (1 + g.u32() % 800);
+      const auto w0 = g.bf16(rows * K, 0.05), w1 = g.bf16(rows * K, 0.05), x = g.bf16(T * K, 1.0);
+      std::vector<float> want0(static_cast<size_t>(T * rows)), want1(want0.size());
+      emu::bf16_gemv_pair(w0.data(), w1.data(), x.data(), want0.data(), want1.data(), rows, K, T);
+      DevArray<uint16_t> d0(w0), d1(w1), dx(x);
+      DevArray<float> y0(want0.size()), y1(want1.size());
+      const std::string r =
+          gputest::repro(s, "rows=" + std::to_string(rows) + " K=" + std::to_string(K) +
+                                " T=" + std::to_string(T) + (staged ? "" : " x from L2"));
+      cuda::bf16_gemv_pair(d0.get(), d1.get(), dx.get(), y0.get(), y1.get(), rows, K, T, nullptr);
+      ASSERT_TRUE(same_f32("pair 0", y0.host(), want0, rows, r));
+      ASSERT_TRUE(same_f32("pair 1", y1.host(), want1, rows, r));
+      y0.poison();
+      cuda::bf16_gemv(d0.get(), dx.get(), y0.get(), rows, K, T, nullptr);
+      ASSERT_TRUE(same_f32("single", y0.host(), want0, rows, r));
+    }
+    // A larger x after a smaller one and again (the layer's pair, then down, then the pair): the
+    // kernel's shared-memory limit must admit every launch, not only the last size set.
+    for (const int64_t K : {5120, 2304, 5120, 2304}) {
+      emutest::Gen g(2200 + static_cast<uint64_t>(K));
+      const int64_t T = 8, rows = 64;
+      const auto w = g.bf16(rows * K, 0.05), x = g.bf16(T * K, 1.0);
+      std::vector<float> want(static_cast<size_t>(T * rows));
+      emu::bf16_gemv(w.data(), x.data(), want.data(), rows, K, T);
+      DevArray<uint16_t> dw(w), dx(x);
+      DevArray<float> dy(want.size());
+      cuda::bf16_gemv(dw.get(), dx.get(), dy.get(), rows, K, T, nullptr);
+      ASSERT_TRUE(same_f32("y (sizes alternating)", dy.host(), want, rows,
+                           gputest::repro(2200 + static_cast<uint64_t>(K),
+                                          "K=" + std::to_string(K) + " T=8 after another K")));
+    }
+  }
+}
+
 // ---- the GEMM form (T > 8) ----
 
 const int64_t kGemmTs[] = {9, 16, 63, 64, 65, 512};

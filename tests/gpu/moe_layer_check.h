@@ -69,6 +69,7 @@ struct Variant {
   bool programmatic = false;          // LayerOptions::programmatic_launch
   int fork = -1;  // -1: the default fork points; else the SharedFork for every T
   int gu_warps = 0, down_warps = 0;  // LayerOptions::gate_up_stream_warps, down_stream_warps
+  bool prefetch_plan = true;         // LayerOptions::prefetch_plan
   std::string name() const {
     std::string s = "W";  // appended step by step: GCC 12 warns falsely (-Wrestrict) on a + chain
     s += std::to_string(warps);
@@ -91,6 +92,7 @@ struct Variant {
       s += "x";
       s += std::to_string(down_warps);
     }
+    if (!prefetch_plan) s += "_noplanprefetch";
     return s;
   }
 };
@@ -128,6 +130,7 @@ inline void run_layer_weights(const LayerWeights& w, const GenOptions& o,
     co.programmatic_launch = v.programmatic;
     co.gate_up_stream_warps = v.gu_warps;
     co.down_stream_warps = v.down_warps;
+    co.prefetch_plan = v.prefetch_plan;
     if (v.fork >= 0) co.shared_fork_small = co.shared_fork_large = static_cast<cuda::SharedFork>(v.fork);
     layers.push_back(std::make_unique<cuda::MoeLayer>(w, co));
   }

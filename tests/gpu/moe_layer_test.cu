@@ -27,7 +27,7 @@ using gputest::Variant;
 // The device route's variants: the default fork points (cuda::LayerOptions) with and without
 // graphs, both routers (a plain router's launch records no launch-completion event outside
 // graphs), programmatic launches, every other fork point, and the streamed MMVQ's warps per
-// launch (gate / up x down: 16 x 12, 12 x 8).
+// launch (gate / up x down: 16 x 12, 12 x 8), and the plan not prefetched into L1.
 std::vector<Variant> device_variants() {
   constexpr auto kDev = RoutePlace::kDevice;
   constexpr int kMax = kMaxGroupRows;
@@ -45,7 +45,8 @@ std::vector<Variant> device_variants() {
           {4, RouterVariant::kStaged, true, true, kDev, kMax, false,
            static_cast<int>(SharedFork::kSelection)},
           {8, RouterVariant::kStaged, true, true, kDev, kMax, false, -1, 16, 12},
-          {4, RouterVariant::kPlain, true, false, kDev, kMax, false, -1, 12, 8}};
+          {4, RouterVariant::kPlain, true, false, kDev, kMax, false, -1, 12, 8},
+          {8, RouterVariant::kStaged, true, true, kDev, kMax, false, -1, 0, 0, false}};
 }
 
 std::vector<Variant> all_variants() {
