@@ -193,8 +193,15 @@ HostTensor parse_npy(const uint8_t* data, size_t n, const std::string& where, U1
     fail(where, "fortran_order",
          "Fortran-order arrays are not read; write C order (numpy: np.ascontiguousarray(a))");
   t.shape = h.shape;
-  const size_t want = static_cast<size_t>(t.numel()) * tensor_dtype_size(t.dtype);
+  // The element count in checked arithmetic before numel(): each dimension is at most 2^40, but
+  // a header's product of them may exceed int64 (found by fuzz_tensor).
+  uint64_t elems = 1;
+  for (const int64_t d : t.shape)
+    if (__builtin_mul_overflow(elems, static_cast<uint64_t>(d), &elems) ||
+        elems > (uint64_t{1} << 56))
+      fail(where, "shape", "the element count exceeds 2^56");
   const size_t have = n - pre - hlen;
+  const size_t want = static_cast<size_t>(t.numel()) * tensor_dtype_size(t.dtype);
   if (have != want)
     fail(where, "data",
          "shape and dtype need " + std::to_string(want) + " bytes, the file holds " +
