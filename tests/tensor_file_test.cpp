@@ -97,6 +97,8 @@ TEST(TensorFile, NpyMalformed) {
        {"shape", "non-negative"}},
       {npy_raw(1, "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (3,), }", d),
        {"descr", "structured"}},
+      // Dimensions each under 2^40 whose product passes int64 (found by fuzz_tensor).
+      {npy_raw(1, hdr("<f4", "(999999999999, 999999, 9999, 9, 4)"), d), {"shape", "exceeds 2^56"}},
       {{'N', 'U', 'M', 'P', 'Y', 1, 0, 0, 0, 0, 0}, {"magic"}},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
