@@ -75,15 +75,19 @@ __global__ void __launch_bounds__(kGemvPlainWarps* kWarpSize) gemv_plain_kernel(
 // about what L2 delivers in the 68 us the layer trace showed). A block has kTokWarps warps and
 // strides over the rows (grid.x blocks per matrix, blockIdx.z the matrix); each warp takes rows
 // warp, warp + kTokWarps gridDim.x, ... with gemv_plain_kernel's loads and arithmetic, so the
-// same bits.
+// same bits. One instantiation per token count kN (2 - 8), with no per-token guard, so that the
+// kN tokens' shared loads issue together and their chains interleave: with the count known only
+// at run time, each token's step was a branch around one shared load and its eight dependent
+// fma, the tokens' chains one after the other (the n-token MMVQ had the same form, and gained
+// from the same change: docs/performance.md).
 constexpr int kTokWarps = 8;
 
-template <bool kF16W>
-__global__ void __launch_bounds__(kTokWarps* kWarpSize) gemv_tokens_kernel(GemvArgs p, int n) {
+template <bool kF16W, int kN>
+__global__ void __launch_bounds__(kTokWarps* kWarpSize) gemv_tokens_kernel(GemvArgs p) {
   extern __shared__ __align__(16) uint8_t smem[];
-  uint4* xs = reinterpret_cast<uint4*>(smem);  // [n][K / 8] chunks
+  uint4* xs = reinterpret_cast<uint4*>(smem);  // [kN][K / 8] chunks
   const int64_t nchunks = p.K / kGemvChunk;
-  const int64_t nvec = n * nchunks;
+  const int64_t nvec = kN * nchunks;
   const uint4* xg = reinterpret_cast<const uint4*>(p.x);
   for (int64_t i = threadIdx.x; i < nvec; i += kTokWarps * kWarpSize) xs[i] = __ldg(xg + i);
   __syncthreads();
@@ -93,9 +97,9 @@ __global__ void __launch_bounds__(kTokWarps* kWarpSize) gemv_tokens_kernel(GemvA
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kTokWarps + threadIdx.x / kWarpSize;
        row < p.rows; row += static_cast<int64_t>(gridDim.x) * kTokWarps) {
     const uint16_t* wrow = wmat + row * p.K;
-    float acc[kMaxGroupRows];
+    float acc[kN];
 #pragma unroll
-    for (int t = 0; t < kMaxGroupRows; ++t) acc[t] = 0.0f;
+    for (int t = 0; t < kN; ++t) acc[t] = 0.0f;
     for (int64_t c0 = lane; c0 < nchunks; c0 += kGemvUnroll * kWarpSize) {
       uint4 wv[kGemvUnroll];
 #pragma unroll
@@ -107,17 +111,17 @@ __global__ void __launch_bounds__(kTokWarps* kWarpSize) gemv_tokens_kernel(GemvA
       for (int u = 0; u < kGemvUnroll; ++u) {
         const int64_t c = c0 + u * kWarpSize;
         if (c >= nchunks) break;
+        uint4 xv[kN];
 #pragma unroll
-        for (int t = 0; t < kMaxGroupRows; ++t)
-          if (t < n) acc[t] = bf16_chunk_fma<kF16W>(wv[u], xs[t * nchunks + c], acc[t]);
+        for (int t = 0; t < kN; ++t) xv[t] = xs[t * nchunks + c];
+#pragma unroll
+        for (int t = 0; t < kN; ++t) acc[t] = bf16_chunk_fma<kF16W>(wv[u], xv[t], acc[t]);
       }
     }
 #pragma unroll
-    for (int t = 0; t < kMaxGroupRows; ++t) {
-      if (t < n) {
-        const float v = warp_butterfly(acc[t]);
-        if (lane == 0) y[t * p.rows + row] = v;
-      }
+    for (int t = 0; t < kN; ++t) {
+      const float v = warp_butterfly(acc[t]);
+      if (lane == 0) y[t * p.rows + row] = v;
     }
   }
 }
@@ -172,44 +176,104 @@ bool launch_gemv_one(const GemvArgs& a, int n_mat, dim3 grid, void* stream) {
 
 // gemv_tokens_kernel for 2 - 8 tokens where n x K bf16 fit a block's shared memory; false
 // otherwise (or cuda::set_bf16_gemv_x_staged(false)). The grid: as many blocks per matrix as fit
-// the multiprocessors at once (at least one), each striding over its matrix's rows. The kernel's
-// dynamic shared memory limit is raised to the largest once per (kernel, device) (a limit set to
-// one launch's bytes would refuse a larger launch later), and its occupancy asked once per
-// (kernel, device, bytes).
+// the multiprocessors at once while one block of the device route's selection still fits beside
+// them (kSelectionRegs; at least one block), each striding over its matrix's rows; with every
+// multiprocessor full the selection waited for the GEMV's persistent blocks to leave (10 us at
+// T = 4, docs/performance.md). cuda::set_bf16_gemv_tokens_blocks overrides the count. The
+// kernel's dynamic shared memory limit is raised to the largest once per (kernel, device) (a
+// limit set to one launch's bytes would refuse a larger launch later), and its blocks per
+// multiprocessor asked once per (kernel, device, bytes).
 std::atomic<bool> g_x_staged{true};
+std::atomic<int> g_tok_blocks{0};  // cuda::set_bf16_gemv_tokens_blocks (0: the rule above)
+// The registers one route_select block of several tokens takes: 256 threads (launch_select) of
+// at most 64 registers (its __launch_bounds__(1024)).
+constexpr int kSelectionRegs = 256 * 64;
 std::mutex g_tok_mu;
-std::map<std::tuple<bool, int, size_t>, int> g_tok_fit;  // (f16, device, smem) -> blocks per SM
-std::map<std::pair<bool, int>, bool> g_tok_limit;        // (f16, device) -> limit raised
+std::map<std::tuple<const void*, int, size_t>, int> g_tok_fit;  // (kernel, device, smem) -> fit
+std::map<std::pair<const void*, int>, bool> g_tok_limit;        // (kernel, device) -> raised
 
-template <bool kF16W>
-bool launch_gemv_tokens(const GemvArgs& a, int n_mat, void* stream) {
+namespace {
+
+// The current device's registers per multiprocessor, and a kernel's registers per thread
+// (cached per device and kernel).
+int regs_per_sm() {
+  static std::mutex mu;
+  static std::map<int, int> cache;
+  int dev = 0;
+  MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = cache.try_emplace(dev, 0);
+  if (fresh)
+    MOECHECK_CUDA_CHECK(
+        cudaDeviceGetAttribute(&it->second, cudaDevAttrMaxRegistersPerMultiprocessor, dev));
+  return it->second;
+}
+
+int func_regs(const void* f) {
+  static std::mutex mu;
+  static std::map<const void*, int> cache;
+  const std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = cache.try_emplace(f, 0);
+  if (fresh) {
+    cudaFuncAttributes fa{};
+    MOECHECK_CUDA_CHECK(cudaFuncGetAttributes(&fa, f));
+    it->second = fa.numRegs;
+  }
+  return it->second;
+}
+
+}  // namespace
+
+template <bool kF16W, int kN>
+bool launch_gemv_tokens_n(const GemvArgs& a, int n_mat, void* stream) {
   constexpr size_t kMaxSmem = 227 * 1024;
-  const size_t smem = static_cast<size_t>(a.T) * static_cast<size_t>(a.K) * 2;
-  if (!g_x_staged || a.T < 2 || a.T > kMaxGroupRows || smem > kMaxSmem) return false;
-  const void* f = reinterpret_cast<const void*>(gemv_tokens_kernel<kF16W>);
+  const size_t smem = static_cast<size_t>(kN) * static_cast<size_t>(a.K) * 2;
+  if (smem > kMaxSmem) return false;
+  const void* f = reinterpret_cast<const void*>(gemv_tokens_kernel<kF16W, kN>);
   prefer_shared_carveout(f);
   int dev = 0, per_sm = 0;
   MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
   {
     const std::lock_guard<std::mutex> lock(g_tok_mu);
-    if (g_tok_limit.try_emplace({kF16W, dev}, true).second)
+    if (g_tok_limit.try_emplace({f, dev}, true).second)
       MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(kMaxSmem)));
-    auto [it, fresh] = g_tok_fit.try_emplace({kF16W, dev, smem}, 0);
+    auto [it, fresh] = g_tok_fit.try_emplace({f, dev, smem}, 0);
     if (fresh) {
       MOECHECK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &it->second, gemv_tokens_kernel<kF16W>, kTokWarps * kWarpSize, smem));
+          &it->second, gemv_tokens_kernel<kF16W, kN>, kTokWarps * kWarpSize, smem));
     }
     per_sm = it->second;
   }
   if (per_sm < 1) return false;
+  if (const int cap = g_tok_blocks; cap > 0) {
+    per_sm = per_sm < cap ? per_sm : cap;
+  } else {  // leave one selection block's registers (allocated 8 a thread at a time)
+    const int room =
+        (regs_per_sm() - kSelectionRegs) / ((func_regs(f) + 7) / 8 * 8 * kTokWarps * kWarpSize);
+    per_sm = per_sm < room ? per_sm : (room > 1 ? room : 1);
+  }
   const int64_t want = (a.rows + kTokWarps - 1) / kTokWarps;
   const int64_t fit = (static_cast<int64_t>(per_sm) * current_sm_count() + n_mat - 1) / n_mat;
   const dim3 grid(static_cast<unsigned>(want < fit ? want : fit), 1, static_cast<unsigned>(n_mat));
-  gemv_tokens_kernel<kF16W>
-      <<<grid, kTokWarps * kWarpSize, smem, as_stream(stream)>>>(a, static_cast<int>(a.T));
+  gemv_tokens_kernel<kF16W, kN><<<grid, kTokWarps * kWarpSize, smem, as_stream(stream)>>>(a);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
   return true;
+}
+
+template <bool kF16W>
+bool launch_gemv_tokens(const GemvArgs& a, int n_mat, void* stream) {
+  if (!g_x_staged) return false;
+  switch (a.T) {
+    case 2: return launch_gemv_tokens_n<kF16W, 2>(a, n_mat, stream);
+    case 3: return launch_gemv_tokens_n<kF16W, 3>(a, n_mat, stream);
+    case 4: return launch_gemv_tokens_n<kF16W, 4>(a, n_mat, stream);
+    case 5: return launch_gemv_tokens_n<kF16W, 5>(a, n_mat, stream);
+    case 6: return launch_gemv_tokens_n<kF16W, 6>(a, n_mat, stream);
+    case 7: return launch_gemv_tokens_n<kF16W, 7>(a, n_mat, stream);
+    case 8: return launch_gemv_tokens_n<kF16W, 8>(a, n_mat, stream);
+    default: return false;
+  }
 }
 
 template <bool kF16W>
@@ -270,6 +334,13 @@ void launch_bf16(const GemvArgs& a, int n_mat, const char* op, void* stream) {
 }  // namespace detail
 
 void set_bf16_gemv_x_staged(bool on) { detail::g_x_staged = on; }
+
+void set_bf16_gemv_tokens_blocks(int per_sm) {
+  if (per_sm < 0 || per_sm > 32)
+    throw InputError("cuda::set_bf16_gemv_tokens_blocks: need 0 <= per_sm <= 32, found " +
+                     std::to_string(per_sm));
+  detail::g_tok_blocks = per_sm;
+}
 
 void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K, int64_t T,
                void* stream) {

@@ -137,6 +137,11 @@ void set_bf16_gemv_stream(bool on);
 // where n x K bf16 fit), false reads them from L2 for every weight row (gemv_plain_kernel, as
 // before). No bit depends on it. Process-wide, for tests and benchmarks.
 void set_bf16_gemv_x_staged(bool on);
+// The 2 - 8 token GEMV's blocks per multiprocessor: 0 (the default) as many as fit while one
+// block of the device route's selection still fits beside them, n at most n (32: as many as
+// fit). No bit depends on it. Process-wide, for tests and benchmarks; InputError outside
+// [0, 32].
+void set_bf16_gemv_tokens_blocks(int per_sm);
 // The layer's kernels (the router, the selection, the streaming GEMVs, SwiGLU, the streamed MMVQ,
 // the accumulation) ask for the largest shared-memory carveout (true, the default) or the
 // driver's default (false, as before), so that their blocks can share a multiprocessor (cuda/

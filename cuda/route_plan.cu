@@ -2,6 +2,8 @@
 // plan of core/layer_plan.h built from route_select's header, in the device plan layout of
 // core/route_header.h, with the slot pointers the MMVQ and MMQ launches read). Contract:
 // docs/numerics.md "route_select" (Device plan); twin: build_layer_plan.
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -16,8 +18,13 @@ namespace {
 // 256: a block fits the room one block of the shared expert's register-staged GEMV leaves
 // (docs/performance.md "the T = 8 stall"). No bit depends on it.
 constexpr int kPlanThreads = 256;
-// Up to this many picks (T * topk) are staged in shared memory for the scans below.
-constexpr int64_t kStagedPicks = 3072;  // with 2048 experts: 44 KB, under the 48 KB default
+// Up to this many picks (T * topk) are staged in shared memory (the picks, their weights and
+// their pair rows) for the scans below.
+constexpr int64_t kStagedPicks = 3072;
+// Up to this many experts have their three slot pointers staged in shared memory (24 B each).
+constexpr int kStagedPointerExperts = 1024;
+// The experts one thread stages (n_routed <= kMaxRouteExperts).
+constexpr int kExpertsPerThread = (kMaxRouteExperts + kPlanThreads - 1) / kPlanThreads;
 
 struct PlanArgs {
   const int32_t* hdr;
@@ -30,26 +37,89 @@ struct PlanArgs {
   uint8_t* plan;
 };
 
-// Expert e's pairs (tokens ascending) into its groups: gate at gfirst, up at P + gfirst, down at
-// 2P + gfirst, chunks of kMaxGroupRows; pick_pair[i] = the pair row of pick i.
-// picks: the header's picks (staged in shared memory when they fit).
-__device__ void expert_groups(const PlanArgs& a, const int32_t* picks, int e, int cnt, int first,
-                              int u, int U, int gfirst, MmvqGroup* groups, int32_t* pick_pair) {
-  const int64_t P = a.T * a.k;
-  int r = 0;
-  for (int64_t i = 0; i < P && r < cnt; ++i) {
-    if (picks[i] != e) continue;
-    const int32_t t = static_cast<int32_t>(i / a.k), pp = first + r;
-    pick_pair[i] = pp;
-    const int g = gfirst + r / kMaxGroupRows, ii = r % kMaxGroupRows;
-    groups[g].a_row[ii] = t;
-    groups[g].y_row[ii] = pp;
-    groups[P + g].a_row[ii] = t;
-    groups[P + g].y_row[ii] = static_cast<int32_t>(P) + pp;
-    groups[2 * P + g].a_row[ii] = pp;
-    groups[2 * P + g].y_row[ii] = pp;
-    ++r;
+// The block's shared memory, in bytes from its start: cnt, first, uidx, gfirst, run [n] i32; the
+// staged slot pointers [3][n] (gate, up, down; when n <= kStagedPointerExperts); then, when
+// P = T k <= kStagedPicks, the picks, their weights' bits and their pair rows [P] i32 each.
+struct PlanSmem {
+  bool ptrs = false, picks = false;
+  size_t ptr = 0, pick = 0, bytes = 0;
+  __host__ __device__ PlanSmem(int64_t n, int64_t P)
+      : ptrs(n <= kStagedPointerExperts), picks(P <= kStagedPicks) {
+    const auto N = static_cast<size_t>(n);
+    ptr = 20 * N;
+    pick = ptr + (ptrs ? 24 * N : 0);
+    bytes = pick + (picks ? 12 * static_cast<size_t>(P) : 0);
   }
+};
+// The most shared memory a plan launch asks for (n = kStagedPointerExperts, P = kStagedPicks).
+constexpr size_t kPlanSmemMax =
+    44 * static_cast<size_t>(kStagedPointerExperts) + 12 * static_cast<size_t>(kStagedPicks);
+static_assert(20 * static_cast<size_t>(kMaxRouteExperts) + 12 * kStagedPicks <= kPlanSmemMax);
+
+// Where the kernel reads the picks and writes / reads their pair rows: shared memory when
+// staged, else the header and the plan's scratch. ptr: the staged slot pointers or nullptr.
+struct PlanView {
+  const int32_t* picks;
+  const int32_t* wbits;  // the picks' weights as f32 bits
+  int32_t* pair;         // pick i's pair row (written by rank_picks, read by pick_rows)
+  int32_t* pair_out;     // the plan's scratch (written in both cases)
+  const uint8_t** ptr;   // [3][n] or nullptr
+};
+
+// Each pick's pair row: first[e] + its rank among expert e's picks in pick order (= token order,
+// as a token's experts are distinct). Warp 0 walks the picks 32 at a time: lanes holding the
+// same expert find each other with __match_any_sync, a lane's rank is its expert's running count
+// run[e] plus its lower peers, and the highest peer advances the count. P / 32 short steps; the
+// plan scanned all P picks once per used expert before (a serial chain of P shared loads, slow
+// while the shared expert's GEMV holds the multiprocessor's shared-memory pipe).
+__device__ void rank_picks(const PlanView& v, int64_t P, const int* first, int* run) {
+  if (threadIdx.x >= kWarpSize) return;
+  const int lane = static_cast<int>(threadIdx.x);
+  const unsigned lower_lanes = (1u << lane) - 1u;
+  for (int64_t i0 = 0; i0 < P; i0 += kWarpSize) {
+    const int64_t i = i0 + lane;
+    const bool on = i < P;
+    const int e = on ? v.picks[i] : -1;
+    const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
+    const int base = on ? run[e] : 0;
+    __syncwarp();
+    if (on) {
+      v.pair[i] = first[e] + base + __popc(peers & lower_lanes);
+      if (lane == 31 - __clz(peers)) run[e] = base + __popc(peers);
+    }
+    __syncwarp();
+  }
+}
+
+// Pick i into its expert's groups (gate at gfirst, up at P + gfirst, down at 2P + gfirst, chunks
+// of kMaxGroupRows: the row of rank r in group r / 8, entry r % 8), its pair row into the scratch,
+// and its pair row and weight at the accumulation row of its rank among its token's picks by
+// expert id (core/layer_plan.cpp make_accumulation: each token's rows in ascending expert id).
+__device__ void pick_rows(const PlanArgs& a, const PlanView& v, int64_t i, const int* first,
+                          const int* gfirst, MmvqGroup* groups, int32_t* rows, float* weights) {
+  const int64_t P = a.T * a.k, k = a.k, t0 = i / k * k;
+  const int e = v.picks[i];
+  const int32_t pp = v.pair[i], t = static_cast<int32_t>(i / k);
+  const int r = pp - first[e];
+  const int g = gfirst[e] + r / kMaxGroupRows, ii = r % kMaxGroupRows;
+  groups[g].a_row[ii] = t;
+  groups[g].y_row[ii] = pp;
+  groups[P + g].a_row[ii] = t;
+  groups[P + g].y_row[ii] = static_cast<int32_t>(P) + pp;
+  groups[2 * P + g].a_row[ii] = pp;
+  groups[2 * P + g].y_row[ii] = pp;
+  if (v.pair_out != v.pair) v.pair_out[i] = pp;
+  int64_t rank = 0;
+  for (int64_t q = 0; q < k; ++q) rank += v.picks[t0 + q] < e;
+  rows[t0 + rank] = pp;
+  weights[t0 + rank] = __int_as_float(v.wbits[i]);
+}
+
+// Expert e's groups past their rows: the unused entries of its last group zeroed, the slot and
+// row count of each, and its three slot pointers at used-expert index u.
+__device__ void expert_groups(const PlanArgs& a, const PlanView& v, int e, int cnt, int u, int U,
+                              int gfirst, MmvqGroup* groups) {
+  const int64_t P = a.T * a.k;
   for (int c = 0; c * kMaxGroupRows < cnt; ++c) {
     const int g = gfirst + c;
     const int nn =
@@ -62,23 +132,17 @@ __device__ void expert_groups(const PlanArgs& a, const int32_t* picks, int e, in
     groups[g].n = groups[P + g].n = groups[2 * P + g].n = nn;
   }
   const auto** sp = reinterpret_cast<const uint8_t**>(a.plan);
-  const int32_t slot = a.slots[e];
-  sp[u] = a.slot_gate[slot];
-  sp[U + u] = a.slot_up[slot];
-  sp[2 * U + u] = a.slot_down[slot];
-}
-
-// Pick i's pair row and weight at the accumulation row of its rank among its token's picks by
-// expert id (core/layer_plan.cpp make_accumulation: each token's rows in ascending expert id;
-// the ids of a token are distinct).
-__device__ void pick_accumulation(const PlanArgs& a, const int32_t* picks, int64_t i,
-                                  const int32_t* pick_pair, int32_t* rows, float* weights) {
-  const int64_t k = a.k, t0 = i / k * k;
-  const RouteHeaderLayout L{a.T, k};
-  int64_t rank = 0;
-  for (int64_t q = 0; q < k; ++q) rank += picks[t0 + q] < picks[i];
-  rows[t0 + rank] = pick_pair[i];
-  weights[t0 + rank] = __int_as_float(a.hdr[L.weights() + i]);
+  const int n = static_cast<int>(a.n);
+  if (v.ptr != nullptr) {
+    sp[u] = v.ptr[e];
+    sp[U + u] = v.ptr[n + e];
+    sp[2 * U + u] = v.ptr[2 * n + e];
+  } else {
+    const int32_t slot = a.slots[e];
+    sp[u] = a.slot_gate[slot];
+    sp[U + u] = a.slot_up[slot];
+    sp[2 * U + u] = a.slot_down[slot];
+  }
 }
 
 // Groups of an expert with cnt pairs: one MMVQ group (cnt <= mmvq_max_rows) or its MMQ groups.
@@ -138,20 +202,65 @@ __device__ void scan_experts(int n, int mmvq_max_rows, const int* cnt, int* firs
   __syncthreads();
 }
 
-// One block. Shared memory: cnt, first, uidx, gfirst [n] i32, then the picks [T k] i32 when
-// T k <= kStagedPicks.
+// One block, PlanSmem's shared memory. Every global read the plan needs is issued when the block
+// starts, before any result is used: the status word, the picks and their weights (staged), and
+// each expert's slot followed by its three slot pointers (staged; the slot table is the layer's,
+// not the selection's, so these do not wait for the header). Then, in shared memory: the counts
+// per expert, their scan (pair rows and groups in ascending expert id), the picks' ranks
+// (rank_picks, warp 0) beside the experts' group headers (expert_groups, the other warps), and
+// one pass over the picks (pick_rows). Every step is a few shared loads deep: the plan was a
+// chain of dependent round trips to L2 and a serial scan of the picks per expert, 20 us at
+// T = 8 beside the shared expert's GEMV (docs/performance.md).
 __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(PlanArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int U_sh;
   const int n = static_cast<int>(a.n);
   const int64_t P = a.T * a.k;
   const DevicePlanLayout D(a.T, a.k);
+  const RouteHeaderLayout L{a.T, a.k};
+  const PlanSmem S(n, P);
   auto* groups = reinterpret_cast<MmvqGroup*>(a.plan + D.groups);
   auto* rows = reinterpret_cast<int32_t*>(a.plan + D.rows);
   auto* weights = reinterpret_cast<float*>(a.plan + D.weights);
   auto* counts = reinterpret_cast<int32_t*>(a.plan + D.counts);
-  auto* pick_pair = reinterpret_cast<int32_t*>(a.plan + D.scratch);
-  if (a.hdr[RouteHeaderLayout::kStatus] != 0) {  // no valid routing: compute nothing
+  auto* scratch = reinterpret_cast<int32_t*>(a.plan + D.scratch);
+  int* cnt = reinterpret_cast<int*>(smem);
+  int* first = cnt + n;
+  int* uidx = first + n;
+  int* gfirst = uidx + n;
+  int* run = gfirst + n;
+  auto* sptr = reinterpret_cast<const uint8_t**>(smem + S.ptr);
+  auto* spick = reinterpret_cast<int32_t*>(smem + S.pick);
+  const int32_t* hpicks = a.hdr + RouteHeaderLayout::kPicks;
+  const int32_t* hw = a.hdr + L.weights();
+  const PlanView v{S.picks ? spick : hpicks, S.picks ? spick + P : hw,
+                   S.picks ? spick + 2 * P : scratch, scratch, S.ptrs ? sptr : nullptr};
+  const int32_t status = a.hdr[RouteHeaderLayout::kStatus];
+  if (S.picks)
+    for (int64_t i = threadIdx.x; i < P; i += blockDim.x) {
+      spick[i] = hpicks[i];
+      spick[P + i] = hw[i];
+    }
+  if (S.ptrs) {  // the slots of this thread's experts, then their pointers, all in flight
+    int32_t slot[kExpertsPerThread];
+#pragma unroll
+    for (int j = 0; j < kExpertsPerThread; ++j) {
+      const int e = static_cast<int>(threadIdx.x) + j * kPlanThreads;
+      slot[j] = e < n ? a.slots[e] : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < kExpertsPerThread; ++j) {
+      const int e = static_cast<int>(threadIdx.x) + j * kPlanThreads;
+      if (e >= n) continue;
+      const bool res = slot[j] >= 0;  // a miss raised the status: its pointers are never used
+      sptr[e] = res ? a.slot_gate[slot[j]] : nullptr;
+      sptr[n + e] = res ? a.slot_up[slot[j]] : nullptr;
+      sptr[2 * n + e] = res ? a.slot_down[slot[j]] : nullptr;
+    }
+  }
+  for (int e = threadIdx.x; e < n; e += blockDim.x) cnt[e] = run[e] = 0;
+  __syncthreads();
+  if (status != 0) {  // no valid routing: compute nothing
     for (int64_t i = threadIdx.x; i < P; i += blockDim.x) {
       rows[i] = 0;
       weights[i] = 0.0f;
@@ -159,26 +268,15 @@ __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(PlanArgs a) {
     if (threadIdx.x == 0) counts[0] = counts[1] = counts[2] = counts[3] = 0;
     return;
   }
-  int* cnt = reinterpret_cast<int*>(smem);
-  int* first = cnt + n;
-  int* uidx = first + n;
-  int* gfirst = uidx + n;
-  const int32_t* hpicks = a.hdr + RouteHeaderLayout::kPicks;
-  int32_t* staged = gfirst + n;
-  const int32_t* picks = P <= kStagedPicks ? staged : hpicks;
-  for (int e = threadIdx.x; e < n; e += blockDim.x) cnt[e] = 0;
-  if (P <= kStagedPicks)
-    for (int64_t i = threadIdx.x; i < P; i += blockDim.x) staged[i] = hpicks[i];
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < P; i += blockDim.x) atomicAdd(&cnt[picks[i]], 1);
+  for (int64_t i = threadIdx.x; i < P; i += blockDim.x) atomicAdd(&cnt[v.picks[i]], 1);
   __syncthreads();
   scan_experts(n, a.mmvq_max_rows, cnt, first, uidx, gfirst, counts, &U_sh);
-  for (int e = threadIdx.x; e < n; e += blockDim.x)
-    if (cnt[e] > 0)
-      expert_groups(a, picks, e, cnt[e], first[e], uidx[e], U_sh, gfirst[e], groups, pick_pair);
-  __syncthreads();  // pick_pair written (global memory, this block)
+  rank_picks(v, P, first, run);
+  for (int e = threadIdx.x; e < n; e += blockDim.x)  // independent of the ranks
+    if (cnt[e] > 0) expert_groups(a, v, e, cnt[e], uidx[e], U_sh, gfirst[e], groups);
+  __syncthreads();  // the pair rows written (shared memory, or global memory of this block)
   for (int64_t i = threadIdx.x; i < P; i += blockDim.x)
-    pick_accumulation(a, picks, i, pick_pair, rows, weights);
+    pick_rows(a, v, i, first, gfirst, groups, rows, weights);
 }
 
 }  // namespace
@@ -196,10 +294,19 @@ void route_plan(const int32_t* hdr, int64_t T, const RouteParams& rp, const int3
                      std::to_string(rp.mmvq_max_rows));
   const PlanArgs a{hdr,   T,         rp.n_routed, rp.topk,   rp.mmvq_max_rows,
                    slots, slot_gate, slot_up,     slot_down, plan};
-  const int64_t P = T * rp.topk;
-  const size_t smem =
-      static_cast<size_t>(rp.n_routed) * 16 + static_cast<size_t>(P <= kStagedPicks ? P : 0) * 4;
-  route_plan_kernel<<<1, kPlanThreads, smem, as_stream(stream)>>>(a);
+  const PlanSmem S(rp.n_routed, T * rp.topk);
+  {  // the dynamic shared-memory limit raised once per device (PlanSmem may pass 48 KB)
+    static std::mutex mu;
+    static std::set<int> raised;
+    int dev = 0;
+    MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
+    const std::lock_guard<std::mutex> lock(mu);
+    if (raised.insert(dev).second)
+      MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(route_plan_kernel,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kPlanSmemMax)));
+  }
+  route_plan_kernel<<<1, kPlanThreads, S.bytes, as_stream(stream)>>>(a);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
 

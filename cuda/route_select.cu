@@ -126,25 +126,35 @@ __device__ __forceinline__ void header_init(int32_t* hdr, int64_t T, int64_t k) 
 __global__ void route_header_init(int32_t* hdr, int64_t T, int64_t k) { header_init(hdr, T, k); }
 
 // The block's per-expert staging (route_select_kernel), every global read of the selection issued
-// at its start: thread i takes experts i, i + blockDim, ... For each it loads the token's logit,
-// its bias (both biases when there is an image mask, chosen once the mask byte is in) and its
-// slot, and, for the one-token plan, the three slot pointers of a resident expert. Those are one
-// round trip after the slot, in flight while the score's f64 chain runs. The selection was a
-// chain of four dependent round trips (logits, bias, slot, slot pointers), each slower while the
-// shared expert streams beside it (docs/performance.md). Shared: s, key [n] f32, slot_e [n],
-// and ptr [3][n] when the pointers are staged. Scores are core/routing.cpp score_token's (each a
-// long f64 chain); softmax's max and sum run on thread 0 in id order, exactly as the host loops.
+// at its start: thread i takes experts i, i + blockDim, ... (at most kStageUnroll of them, in one
+// unrolled pass, so that a thread's experts cost one round trip, not one each). For each it
+// loads the token's logit, its bias (both biases when there is an image mask, chosen once the
+// mask byte is in) and its slot; then, for the one-token plan, the three slot pointers of a
+// resident expert, one round trip after the slot and in flight while the score's f64 chain runs.
+// The selection was a chain of four dependent round trips (logits, bias, slot, slot pointers),
+// each slower while the shared expert streams beside it (docs/performance.md). Shared: s, key
+// [n] f32, bvl [n] f32 when there is a mask, slot_e [n], and ptr [3][n] (first) when the
+// pointers are staged. Scores are core/routing.cpp score_token's (each a long f64 chain);
+// softmax's max and sum run on thread 0 in id order, exactly as the host loops.
 // NaN rule of route_token: the first expert whose logit or bias is NaN, else the first NaN key
 // (minima by atomicMin: order-free); n when none.
 // Slot pointers are staged for the one-token plan up to this many experts (24 B each).
 constexpr int kStagedPointerExperts = 1024;
 
+// Experts a thread stages in the unrolled pass (the launch's blocks give at most this many).
+constexpr int kStageUnroll = 8;
+
 struct Staged {
   float* s;
   float* key;
+  float* bvl;  // [n] the image-span bias when there is a mask; else unused
   int32_t* slot_e;
   const uint8_t** ptr;  // [3][n] gate, up, down pointers; nullptr: not staged
 };
+
+__host__ __device__ inline bool has_vl(const SelectArgs& a) {
+  return a.bias_vl != nullptr && a.mask != nullptr;
+}
 
 __host__ __device__ inline bool stage_slot_pointers(const SelectArgs& a) {
   return a.plan != nullptr && a.rp.n_routed <= kStagedPointerExperts;
@@ -155,7 +165,7 @@ __device__ int stage_token(const SelectArgs& a, int64_t t, const Staged& st) {
   const bool sm = a.rp.score_func == static_cast<int>(ScoreFunc::kSoftmax);
   const bool sig = a.rp.score_func == static_cast<int>(ScoreFunc::kSigmoid);
   const float* z = a.logits + t * n;
-  const bool vl = a.bias_vl != nullptr && a.mask != nullptr;
+  const bool vl = has_vl(a);
   __shared__ int first_in, first_key;
   __shared__ float m_sh, sum_sh;
   if (threadIdx.x == 0) {
@@ -164,18 +174,48 @@ __device__ int stage_token(const SelectArgs& a, int64_t t, const Staged& st) {
   }
   const bool use_vl = vl && a.mask[t] != 0;
   __syncthreads();
-  for (int e = threadIdx.x; e < n; e += blockDim.x) {
-    const float zv = z[e];
-    const float bb = a.bias[e];
-    const float bv = vl ? a.bias_vl[e] : 0.0f;
-    const int32_t slot = a.slots[e];
+  // Every global read first: thread i's experts i + j blockDim in one unrolled pass (the launch
+  // gives at most kStageUnroll a thread; a loop covers any more). The first expert's values stay
+  // in registers (one expert a thread, as with one token, reads nothing back); the others are
+  // parked in shared memory, each thread reading back only its own experts (no barrier).
+  const int bd = static_cast<int>(blockDim.x), per = (n + bd - 1) / bd;
+  const float* bvp = vl ? a.bias_vl : a.bias;  // without a mask: bias again, never used
+  float zr[kStageUnroll], br[kStageUnroll], vr[kStageUnroll];
+  int32_t sr[kStageUnroll];
+#pragma unroll
+  for (int j = 0; j < kStageUnroll; ++j) {  // the loads, unconditional within a round (clamped)
+    if (j >= per) break;
+    const int e = min(static_cast<int>(threadIdx.x) + j * bd, n - 1);
+    zr[j] = z[e];
+    br[j] = a.bias[e];
+    vr[j] = bvp[e];
+    sr[j] = a.slots[e];
+  }
+#pragma unroll
+  for (int j = 1; j < kStageUnroll; ++j) {
+    const int e = static_cast<int>(threadIdx.x) + j * bd;
+    if (j >= per) break;
+    if (e < n) {
+      st.s[e] = zr[j];
+      st.key[e] = br[j];
+      if (vl) st.bvl[e] = vr[j];
+      st.slot_e[e] = sr[j];
+    }
+  }
+  for (int e = static_cast<int>(threadIdx.x) + kStageUnroll * bd; e < n; e += bd) {
+    st.s[e] = z[e];
+    st.key[e] = a.bias[e];
+    if (vl) st.bvl[e] = a.bias_vl[e];
+    st.slot_e[e] = a.slots[e];
+  }
+  // Expert e's score and key (zv its logit, b its bias for this token, slot its slot).
+  auto score = [&](int e, float zv, float b, int32_t slot) {
     const uint8_t *pg = nullptr, *pu = nullptr, *pd = nullptr;
-    if (st.ptr != nullptr && slot >= 0) {
+    if (st.ptr != nullptr && slot >= 0) {  // in flight while the score's chain runs
       pg = a.slot_gate[slot];
       pu = a.slot_up[slot];
       pd = a.slot_down[slot];
     }
-    const float b = use_vl ? bv : bb;
     const float q = div_rn(zv, a.rp.gate_temp);
     float sc = q;
     if (!sm) sc = sig ? psigmoid(q) : psqrt_softplus(q);
@@ -194,7 +234,11 @@ __device__ int stage_token(const SelectArgs& a, int64_t t, const Staged& st) {
       st.ptr[n + e] = pu;
       st.ptr[2 * n + e] = pd;
     }
-  }
+  };
+  if (static_cast<int>(threadIdx.x) < n)
+    score(static_cast<int>(threadIdx.x), zr[0], use_vl ? vr[0] : br[0], sr[0]);
+  for (int e = static_cast<int>(threadIdx.x) + bd; e < n; e += bd)
+    score(e, st.s[e], use_vl ? st.bvl[e] : st.key[e], st.slot_e[e]);
   __syncthreads();
   if (sm) {
     float* s = st.s;
@@ -340,7 +384,8 @@ __global__ void __launch_bounds__(1024) route_select_kernel(SelectArgs a) {
   st.ptr = stage_ptrs ? reinterpret_cast<const uint8_t**>(smem) : nullptr;
   st.s = reinterpret_cast<float*>(smem + (stage_ptrs ? static_cast<size_t>(n) * 24 : 0));
   st.key = st.s + n;
-  st.slot_e = reinterpret_cast<int32_t*>(st.key + n);
+  st.bvl = st.key + n;
+  st.slot_e = reinterpret_cast<int32_t*>(st.bvl + (has_vl(a) ? n : 0));
   const int bad = stage_token(a, t, st);
   const float* s = st.s;
   const float* key = st.key;
@@ -404,7 +449,8 @@ void launch_select(const SelectArgs& a, void* stream) {
   const int64_t most = a.T > 1 ? 256 : 1024;
   const int threads =
       static_cast<int>(n > most ? most : (n + kWarpSize - 1) / kWarpSize * kWarpSize);
-  const size_t smem = static_cast<size_t>(n) * (stage_slot_pointers(a) ? 36 : 12);
+  const size_t smem =
+      static_cast<size_t>(n) * (12 + (has_vl(a) ? 4 : 0) + (stage_slot_pointers(a) ? 24 : 0));
   pdl::launch(route_select_kernel, dim3(static_cast<unsigned>(a.T)), dim3(threads), smem,
               as_stream(stream), a);
 }

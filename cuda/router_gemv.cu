@@ -24,24 +24,27 @@ namespace {
 constexpr int kStagedUnroll = 3;
 
 // At most 64 registers (four blocks a multiprocessor): three blocks fit beside one block of the
-// shared expert's streaming GEMV, so the 384 rows of ds41 start in one wave.
-template <bool kF16W>
+// shared expert's streaming GEMV, so the 384 rows of ds41 start in one wave. kN: the tokens of
+// every block of the launch (1 - 8; a launch over more than 8 tokens has only full groups), with
+// no per-token guard, so that a chunk's kN x loads issue together and the tokens' chains
+// interleave (a run-time count made each token's step a branch around one load and its chain:
+// the eight tokens' router took twice the one token's time, docs/performance.md).
+template <bool kF16W, int kN>
 __global__ void __launch_bounds__(kRouterStagedThreads, 4)
     router_staged_kernel(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K,
-                         int64_t T, BlockQ8_1* xq) {
-  __shared__ float part[kMaxGroupRows][kRouterStagedThreads];
+                         int64_t T, int64_t t_first, BlockQ8_1* xq) {
+  __shared__ float part[kN][kRouterStagedThreads];
   const int tid = threadIdx.x;
   const int64_t row = blockIdx.x;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kMaxGroupRows;
-  const int n = static_cast<int>(T - t0 < kMaxGroupRows ? T - t0 : kMaxGroupRows);
+  const int64_t t0 = t_first + static_cast<int64_t>(blockIdx.y) * kMaxGroupRows;
   const uint16_t* wrow = w + row * K;
   const int64_t nchunks = K / kGemvChunk;
   pdl::wait();  // a no-op unless launched programmatically (cuda/pdl.cuh)
   pdl::launch_dependents();  // the selection may start and wait for the logits
 
-  float acc[kMaxGroupRows];
+  float acc[kN];
 #pragma unroll
-  for (int t = 0; t < kMaxGroupRows; ++t) acc[t] = 0.0f;
+  for (int t = 0; t < kN; ++t) acc[t] = 0.0f;
   for (int64_t c0 = tid; c0 < nchunks; c0 += kStagedUnroll * kRouterStagedThreads) {
     // The weight chunks and the first token's x chunks in flight together (one round trip, not
     // one for the weights and one per chunk of x).
@@ -58,18 +61,17 @@ __global__ void __launch_bounds__(kRouterStagedThreads, 4)
     for (int u = 0; u < kStagedUnroll; ++u) {
       const int64_t c = c0 + u * kRouterStagedThreads;
       if (c >= nchunks) break;
+      uint4 xv[kN > 1 ? kN - 1 : 1];
+#pragma unroll
+      for (int t = 1; t < kN; ++t)
+        xv[t - 1] = __ldg(reinterpret_cast<const uint4*>(x + (t0 + t) * K + c * kGemvChunk));
       acc[0] = bf16_chunk_fma<kF16W>(wv[u], x0[u], acc[0]);
 #pragma unroll
-      for (int t = 1; t < kMaxGroupRows; ++t) {
-        if (t < n) {
-          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + (t0 + t) * K + c * kGemvChunk));
-          acc[t] = bf16_chunk_fma<kF16W>(wv[u], xv, acc[t]);
-        }
-      }
+      for (int t = 1; t < kN; ++t) acc[t] = bf16_chunk_fma<kF16W>(wv[u], xv[t - 1], acc[t]);
     }
   }
 #pragma unroll
-  for (int t = 0; t < kMaxGroupRows; ++t) part[t][tid] = acc[t];
+  for (int t = 0; t < kN; ++t) part[t][tid] = acc[t];
   __syncthreads();
   if (tid >= kWarpSize) {
     if (xq == nullptr) return;
@@ -86,14 +88,44 @@ __global__ void __launch_bounds__(kRouterStagedThreads, 4)
     return;
   }
 #pragma unroll
-  for (int t = 0; t < kMaxGroupRows; ++t) {
-    if (t < n) {
-      float v = part[t][tid];
+  for (int t = 0; t < kN; ++t) {
+    float v = part[t][tid];
 #pragma unroll
-      for (int ww = 1; ww < kRouterStagedWarps; ++ww) v = add_rn(v, part[t][tid + kWarpSize * ww]);
-      v = warp_butterfly(v);
-      if (tid == 0) y[(t0 + t) * rows + row] = v;
-    }
+    for (int ww = 1; ww < kRouterStagedWarps; ++ww) v = add_rn(v, part[t][tid + kWarpSize * ww]);
+    v = warp_butterfly(v);
+    if (tid == 0) y[(t0 + t) * rows + row] = v;
+  }
+}
+
+// One launch of router_staged_kernel<kF16W, kN> over `groups` groups of kN tokens from t_first.
+template <bool kF16W, int kN>
+void launch_staged_n(int64_t groups, int64_t t_first, const uint16_t* w, const uint16_t* x,
+                     float* y, int64_t rows, int64_t K, int64_t T, BlockQ8_1* xq, void* stream) {
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(groups));
+  // Through pdl::launch (the carveout preference, and a pending pdl::StartEvent: the device
+  // route's side stream may fork once the router's blocks have started).
+  pdl::launch(router_staged_kernel<kF16W, kN>, grid, dim3(kRouterStagedThreads), 0,
+              as_stream(stream), w, x, y, rows, K, T, t_first, xq);
+}
+
+// The staged router over T tokens: the full groups of 8 in one launch (which also writes q8_1 of
+// x), the remaining T % 8 tokens in one more (kN = T % 8).
+template <bool kF16W>
+void launch_staged(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K,
+                   int64_t T, BlockQ8_1* xq, void* stream) {
+  const int64_t full = T / kMaxGroupRows, rem = T % kMaxGroupRows;
+  if (full > 0) launch_staged_n<kF16W, 8>(full, 0, w, x, y, rows, K, T, xq, stream);
+  BlockQ8_1* xq_rem = full > 0 ? nullptr : xq;
+  const int64_t tf = full * kMaxGroupRows;
+  switch (rem) {
+    case 1: launch_staged_n<kF16W, 1>(1, tf, w, x, y, rows, K, T, xq_rem, stream); break;
+    case 2: launch_staged_n<kF16W, 2>(1, tf, w, x, y, rows, K, T, xq_rem, stream); break;
+    case 3: launch_staged_n<kF16W, 3>(1, tf, w, x, y, rows, K, T, xq_rem, stream); break;
+    case 4: launch_staged_n<kF16W, 4>(1, tf, w, x, y, rows, K, T, xq_rem, stream); break;
+    case 5: launch_staged_n<kF16W, 5>(1, tf, w, x, y, rows, K, T, xq_rem, stream); break;
+    case 6: launch_staged_n<kF16W, 6>(1, tf, w, x, y, rows, K, T, xq_rem, stream); break;
+    case 7: launch_staged_n<kF16W, 7>(1, tf, w, x, y, rows, K, T, xq_rem, stream); break;
+    default: break;
   }
 }
 
@@ -129,12 +161,8 @@ void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y
   require_aligned(w, 16, "router_gemv", "w");
   require_aligned(x, 16, "router_gemv", "x");
   require_aligned(y, 4, "router_gemv", "y");
-  const dim3 grid(static_cast<unsigned>(rows),
-                  static_cast<unsigned>((T + kMaxGroupRows - 1) / kMaxGroupRows));
-  // Through pdl::launch (the carveout preference, and a pending pdl::StartEvent: the device
-  // route's side stream may fork once the router's blocks have started).
-  pdl::launch(f16 ? router_staged_kernel<true> : router_staged_kernel<false>, grid,
-              dim3(kRouterStagedThreads), 0, as_stream(stream), w, x, y, rows, K, T, x_q8);
+  if (f16) launch_staged<true>(w, x, y, rows, K, T, x_q8, stream);
+  else launch_staged<false>(w, x, y, rows, K, T, x_q8, stream);
 }
 
 }  // namespace moecheck::cuda

@@ -271,7 +271,7 @@ void report(int replays) {
 // 0 / 1 (shared_side_stream), mmvq_warps = 0 / 4 / 8 / 12 / 16 (cuda::set_mmvq_stream_shape),
 // gu_warps / down_warps = 0 / 4 / 8 / 12 / 16 (gate_up_stream_warps, down_stream_warps),
 // prefetch_plan = 0 / 1 (LayerOptions::prefetch_plan), x_staged = 0 / 1
-// (cuda::set_bf16_gemv_x_staged).
+// (cuda::set_bf16_gemv_x_staged), tok_blocks = 0..32 (cuda::set_bf16_gemv_tokens_blocks).
 static int trace_graph(const LayerWeights& w, int64_t T, const std::vector<std::string>& kv) {
   cuda::LayerOptions lo;
   lo.route = RoutePlace::kDevice;
@@ -290,6 +290,7 @@ static int trace_graph(const LayerWeights& w, int64_t T, const std::vector<std::
     else if (k == "down_warps" && v >= 0) lo.down_stream_warps = v;
     else if (k == "prefetch_plan" && (v == 0 || v == 1)) lo.prefetch_plan = v == 1;
     else if (k == "x_staged" && (v == 0 || v == 1)) cuda::set_bf16_gemv_x_staged(v == 1);
+    else if (k == "tok_blocks" && v >= 0 && v <= 32) cuda::set_bf16_gemv_tokens_blocks(v);
     else {
       std::fprintf(stderr, "layer_bench trace: unknown option '%s'\n", a.c_str());
       return 2;
@@ -337,6 +338,26 @@ int main(int argc, char** argv) {
   if (profile) return profile_forwards(w, std::stoll(argv[2]));
   if (trace)
     return trace_graph(w, std::stoll(argv[2]), std::vector<std::string>(argv + 3, argv + argc));
+  if (argc > 1 && std::string(argv[1]) == "quick") {
+    // The default device-resident graph at T = 1 - 8 in three passes: a short device call's
+    // rows, set beside another build's in the same call.
+    // Passes 1 and 2 also time the 2 - 8 token GEMV with as many blocks a multiprocessor as fit
+    // (cuda::set_bf16_gemv_tokens_blocks(32); the default leaves one selection block's room).
+    cuda::LayerOptions lo;
+    lo.route = RoutePlace::kDevice;
+    for (int pass = 1; pass <= 3; ++pass) {
+      const std::string p = " quick pass " + std::to_string(pass);
+      for (const int64_t T : {1, 2, 3, 4, 5, 6, 7, 8})
+        (void)time_graph(w, lo, T, copy, "device route, one graph," + p);
+      if (pass == 3) break;
+      cuda::set_bf16_gemv_tokens_blocks(32);
+      for (const int64_t T : {2, 3, 4, 5, 6, 7, 8})
+        (void)time_graph(w, lo, T, copy,
+                         "device route, one graph, tokens GEMV as many blocks as fit," + p);
+      cuda::set_bf16_gemv_tokens_blocks(0);
+    }
+    return 0;
+  }
 
   struct Variant {
     std::string name;

@@ -8,6 +8,7 @@
 #include <tuple>
 #include <utility>
 
+#include "core/error.h"
 #include "cuda/kernels.h"
 #include "emulate/bf16_gemv.h"
 #include "tests/gpu/gemv_cases.h"
@@ -120,7 +121,10 @@ TEST(Bf16Gemv, PairEqualsEmu_Ds41Shared_T1_T8) {
 
 // Restores the default GEMV of 2 - 8 tokens (x staged in shared memory) when a test ends.
 struct XStagedDefault {
-  ~XStagedDefault() { cuda::set_bf16_gemv_x_staged(true); }
+  ~XStagedDefault() {
+    cuda::set_bf16_gemv_x_staged(true);
+    cuda::set_bf16_gemv_tokens_blocks(0);
+  }
 };
 
 // 2 - 8 tokens: the kernel with the tokens' x staged in shared memory (the default; its warps
@@ -130,9 +134,16 @@ struct XStagedDefault {
 TEST(Bf16Gemv, SeveralTokens_XStagedAndNot_EqualsEmu) {
   MOECHECK_REQUIRE_GPU();
   XStagedDefault restore;
-  for (bool staged : {true, false}) {
-    SCOPED_TRACE(staged ? "x staged in shared memory" : "x read from L2");
+  // Modes: x staged with the default blocks a multiprocessor (room left for the selection), x
+  // staged with one block a multiprocessor (set_bf16_gemv_tokens_blocks(1): more rows a warp),
+  // x read from L2, x staged with as many blocks as fit (set_bf16_gemv_tokens_blocks(32)).
+  const char* const names[] = {"x staged in shared memory", "x staged, one block a multiprocessor",
+                               "x read from L2", "x staged, as many blocks as fit"};
+  for (int mode : {0, 1, 2, 3}) {
+    const bool staged = mode != 2;
+    SCOPED_TRACE(names[mode]);
     cuda::set_bf16_gemv_x_staged(staged);
+    cuda::set_bf16_gemv_tokens_blocks(mode == 1 ? 1 : (mode == 3 ? 32 : 0));
     for (uint64_t s = 2001; s <= 2040; ++s) ASSERT_NO_FATAL_FAILURE(check(s, 2 + s % 7));
     for (uint64_t s = 2101; s <= 2106; ++s) {  // many rows, every T of the kernel
       emutest::Gen g(s);
@@ -146,7 +157,7 @@ TEST(Bf16Gemv, SeveralTokens_XStagedAndNot_EqualsEmu) {
       DevArray<float> y0(want0.size()), y1(want1.size());
       const std::string r =
           gputest::repro(s, "rows=" + std::to_string(rows) + " K=" + std::to_string(K) +
-                                " T=" + std::to_string(T) + (staged ? "" : " x from L2"));
+                                " T=" + std::to_string(T) + " (" + names[mode] + ")");
       cuda::bf16_gemv_pair(d0.get(), d1.get(), dx.get(), y0.get(), y1.get(), rows, K, T, nullptr);
       ASSERT_TRUE(same_f32("pair 0", y0.host(), want0, rows, r));
       ASSERT_TRUE(same_f32("pair 1", y1.host(), want1, rows, r));
@@ -170,6 +181,8 @@ TEST(Bf16Gemv, SeveralTokens_XStagedAndNot_EqualsEmu) {
                                           "K=" + std::to_string(K) + " T=8 after another K")));
     }
   }
+  EXPECT_THROW(cuda::set_bf16_gemv_tokens_blocks(-1), InputError);
+  EXPECT_THROW(cuda::set_bf16_gemv_tokens_blocks(33), InputError);
 }
 
 // ---- the GEMM form (T > 8) ----

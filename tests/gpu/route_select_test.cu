@@ -40,8 +40,10 @@ struct Case {
 Case make_case(uint64_t seed) {
   emutest::Gen g(seed);
   Case k;
-  const int64_t sizes[] = {4, 8, 16, 64, 256, 384, 1000};
-  k.c.n_routed = sizes[g.u32() % 7];
+  // 1500 and 2048: several experts a thread in route_select's staging, slot pointers not staged
+  // by route_plan (over 1024 experts).
+  const int64_t sizes[] = {4, 8, 16, 64, 256, 384, 1000, 1500, 2048};
+  k.c.n_routed = sizes[g.u32() % 9];
   k.c.topk = 1 + static_cast<int64_t>(g.u32() % std::min<int64_t>(k.c.n_routed, 8));
   k.c.score_func = static_cast<ScoreFunc>(g.u32() % 3);
   k.c.norm_topk_prob = g.u32() % 4 != 0;
@@ -113,68 +115,97 @@ TEST(RouteSelect, HeaderEqualsEmu_200Seeds_TiesNaNMaskMisses) {
   for (int st = 0; st < 3; ++st) EXPECT_GT(statuses[st], 0) << "status " << st << " never reached";
 }
 
-// The device plan of clean headers against build_layer_plan of the same routing.
+// The device plan of case k's clean header (NaN and infinities replaced, every expert resident)
+// against build_layer_plan of the same routing, with the MMVQ / MMQ split mr.
+void expect_plan_equals_build(Case k, int mr, uint64_t seed) {
+  for (auto& v : k.logits) v = std::isnan(v) || std::isinf(v) ? 0.5f : v;
+  for (auto& v : k.bias) v = std::isnan(v) || std::isinf(v) ? 0.0f : v;
+  const int64_t n = k.c.n_routed, P = k.T * k.c.topk;
+  for (int64_t e = 0; e < n; ++e) k.slots[e] = static_cast<int32_t>(n - 1 - e);
+  const Routing rt = route_from_logits(k.logits.data(), k.T, k.bias.data(), k.c, 0);
+  cuda::RouteParams rp = params(k.c);
+  rp.mmvq_max_rows = mr;
+  const LayerPlan want = build_layer_plan(rt, n, mr);
+  // Slot pointers: fake bases, slot s of gate at 0x10000 + 64 s, up + 0x100000, down + 0x200000.
+  std::vector<const uint8_t*> ptrs(static_cast<size_t>(3 * n));
+  for (int64_t s = 0; s < 3 * n; ++s)
+    ptrs[s] =
+        reinterpret_cast<const uint8_t*>(uintptr_t{0x10000} + 0x100000 * (s / n) + 64 * (s % n));
+  const RouteHeaderLayout L{k.T, k.c.topk};
+  const DevicePlanLayout D(k.T, k.c.topk);
+  DevArray<float> dz(k.logits), db(k.bias);
+  DevArray<int32_t> ds(k.slots), dh(static_cast<size_t>(L.words()));
+  DevArray<const uint8_t*> dp(ptrs);
+  DevArray<uint8_t> plan(D.bytes);
+  const std::string r = gputest::repro(
+      seed, "n_routed " + std::to_string(n) + " topk " + std::to_string(k.c.topk) + " T " +
+                std::to_string(k.T) + " mmvq_max_rows " + std::to_string(mr));
+  cuda::route_select(dz.get(), k.T, db.get(), nullptr, nullptr, rp, ds.get(), dh.get(), nullptr);
+  cuda::route_plan(dh.get(), k.T, rp, ds.get(), dp.get(), dp.get() + n, dp.get() + 2 * n,
+                   plan.get(), nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << r;
+  const std::vector<uint8_t> got = plan.host();
+  const auto* counts = reinterpret_cast<const int32_t*>(got.data() + D.counts);
+  const int64_t U = want.n_experts(), G = want.n_proj_groups;
+  ASSERT_EQ(counts[0], 2 * G) << r;
+  ASSERT_EQ(counts[1], G) << r;
+  ASSERT_EQ(counts[2], U) << r;
+  ASSERT_EQ(counts[3], want.n_mmvq_groups) << r;
+  const auto* gp = reinterpret_cast<const uint8_t* const*>(got.data() + D.slots);
+  for (int64_t u = 0; u < U; ++u) {
+    const int64_t e = want.experts[u], s = k.slots[e];
+    ASSERT_EQ(gp[u], ptrs[s]) << "gate slot pointer of expert " << e << "\n  repro: " << r;
+    ASSERT_EQ(gp[U + u], ptrs[n + s]) << "up slot pointer of expert " << e << "\n  repro: " << r;
+    ASSERT_EQ(gp[2 * U + u], ptrs[2 * n + s]) << "down slot pointer\n  repro: " << r;
+  }
+  const auto* gg = reinterpret_cast<const MmvqGroup*>(got.data() + D.groups);
+  for (int64_t j = 0; j < 3; ++j)
+    for (int64_t g = 0; g < G; ++g)
+      ASSERT_EQ(std::memcmp(&gg[j * P + g], &want.groups[j * G + g], sizeof(MmvqGroup)), 0)
+          << "projection " << j << " group " << g << "\n  repro: " << r;
+  const auto* rows = reinterpret_cast<const int32_t*>(got.data() + D.rows);
+  const auto* wts = reinterpret_cast<const float*>(got.data() + D.weights);
+  for (int64_t i = 0; i < P; ++i) {
+    ASSERT_EQ(rows[i], want.acc_rows[i]) << "acc row " << i << "\n  repro: " << r;
+    ASSERT_EQ(f32_bits(wts[i]), f32_bits(want.acc_weights[i]))
+        << "acc weight " << i << "\n  repro: " << r;
+  }
+}
+
+// The MMVQ / MMQ split of seed s: the default 8, every expert on MMQ (0), and 2.
+int split_of(uint64_t s) { return s % 3 == 0 ? 0 : (s % 3 == 1 ? kMaxGroupRows : 2); }
+
 TEST(RoutePlan, EqualsBuildLayerPlan_100Seeds) {
   MOECHECK_REQUIRE_GPU();
-  int checked = 0;
-  for (uint64_t seed = 1; checked < 100 && seed < 1000; ++seed) {
-    Case k = make_case(seed * 104729);
-    for (auto& v : k.logits) v = std::isnan(v) || std::isinf(v) ? 0.5f : v;
-    for (auto& v : k.bias) v = std::isnan(v) || std::isinf(v) ? 0.0f : v;
-    const int64_t n = k.c.n_routed, P = k.T * k.c.topk;
-    for (int64_t e = 0; e < n; ++e) k.slots[e] = static_cast<int32_t>(n - 1 - e);
-    const Routing rt = route_from_logits(k.logits.data(), k.T, k.bias.data(), k.c, 0);
-    // The MMVQ / MMQ split: the default 8, every expert on MMQ (0), and 2.
-    const int mr = seed % 3 == 0 ? 0 : (seed % 3 == 1 ? kMaxGroupRows : 2);
-    cuda::RouteParams rp = params(k.c);
-    rp.mmvq_max_rows = mr;
-    const LayerPlan want = build_layer_plan(rt, n, mr);
-    // Slot pointers: fake bases, slot s of gate at 0x10000 + 64 s, up + 0x100000, down + 0x200000.
-    std::vector<const uint8_t*> ptrs(static_cast<size_t>(3 * n));
-    for (int64_t s = 0; s < 3 * n; ++s)
-      ptrs[s] =
-          reinterpret_cast<const uint8_t*>(uintptr_t{0x10000} + 0x100000 * (s / n) + 64 * (s % n));
-    const RouteHeaderLayout L{k.T, k.c.topk};
-    const DevicePlanLayout D(k.T, k.c.topk);
-    DevArray<float> dz(k.logits), db(k.bias);
-    DevArray<int32_t> ds(k.slots), dh(static_cast<size_t>(L.words()));
-    DevArray<const uint8_t*> dp(ptrs);
-    DevArray<uint8_t> plan(D.bytes);
-    const std::string r = gputest::repro(
-        seed * 104729, "T " + std::to_string(k.T) + " mmvq_max_rows " + std::to_string(mr));
-    cuda::route_select(dz.get(), k.T, db.get(), nullptr, nullptr, rp, ds.get(), dh.get(), nullptr);
-    cuda::route_plan(dh.get(), k.T, rp, ds.get(), dp.get(), dp.get() + n, dp.get() + 2 * n,
-                     plan.get(), nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << r;
-    const std::vector<uint8_t> got = plan.host();
-    const auto* counts = reinterpret_cast<const int32_t*>(got.data() + D.counts);
-    const int64_t U = want.n_experts(), G = want.n_proj_groups;
-    ASSERT_EQ(counts[0], 2 * G) << r;
-    ASSERT_EQ(counts[1], G) << r;
-    ASSERT_EQ(counts[2], U) << r;
-    ASSERT_EQ(counts[3], want.n_mmvq_groups) << r;
-    const auto* gp = reinterpret_cast<const uint8_t* const*>(got.data() + D.slots);
-    for (int64_t u = 0; u < U; ++u) {
-      const int64_t e = want.experts[u], s = k.slots[e];
-      ASSERT_EQ(gp[u], ptrs[s]) << "gate slot pointer of expert " << e << "\n  repro: " << r;
-      ASSERT_EQ(gp[U + u], ptrs[n + s]) << "up slot pointer of expert " << e << "\n  repro: " << r;
-      ASSERT_EQ(gp[2 * U + u], ptrs[2 * n + s]) << "down slot pointer\n  repro: " << r;
-    }
-    const auto* gg = reinterpret_cast<const MmvqGroup*>(got.data() + D.groups);
-    for (int64_t j = 0; j < 3; ++j)
-      for (int64_t g = 0; g < G; ++g)
-        ASSERT_EQ(std::memcmp(&gg[j * P + g], &want.groups[j * G + g], sizeof(MmvqGroup)), 0)
-            << "projection " << j << " group " << g << "\n  repro: " << r;
-    const auto* rows = reinterpret_cast<const int32_t*>(got.data() + D.rows);
-    const auto* wts = reinterpret_cast<const float*>(got.data() + D.weights);
-    for (int64_t i = 0; i < P; ++i) {
-      ASSERT_EQ(rows[i], want.acc_rows[i]) << "acc row " << i << "\n  repro: " << r;
-      ASSERT_EQ(f32_bits(wts[i]), f32_bits(want.acc_weights[i]))
-          << "acc weight " << i << "\n  repro: " << r;
-    }
-    ++checked;
+  for (uint64_t seed = 1; seed <= 100; ++seed) {
+    expect_plan_equals_build(make_case(seed * 104729), split_of(seed), seed * 104729);
+    if (HasFatalFailure()) return;
   }
-  EXPECT_EQ(checked, 100);
+}
+
+// route_plan's shared-memory forms at their edges (cuda/route_plan.cu PlanSmem): P = T topk at
+// and over kStagedPicks (3072: the picks staged or read from the header), over 48 KB of shared
+// memory (the raised limit), and more than 1024 experts (slot pointers read, not staged).
+TEST(RoutePlan, EqualsBuildLayerPlan_StagingEdges) {
+  MOECHECK_REQUIRE_GPU();
+  const struct {
+    int64_t n, k, T;
+  } shapes[] = {{384, 6, 512}, {384, 6, 513},  {1024, 6, 512}, {1024, 8, 400},
+                {2048, 6, 8},  {2048, 6, 520}, {1500, 3, 1},   {16, 4, 1000}};
+  uint64_t seed = 77;
+  for (const auto& sh : shapes) {
+    ++seed;
+    emutest::Gen g(seed);
+    Case k = make_case(seed);
+    k.c.n_routed = sh.n;
+    k.c.topk = sh.k;
+    k.T = sh.T;
+    k.logits = g.f32(k.T * sh.n, 3.0);
+    k.bias = g.f32(sh.n, 0.5);
+    k.slots.assign(static_cast<size_t>(sh.n), 0);
+    expect_plan_equals_build(k, split_of(seed), seed);
+    if (HasFatalFailure()) return;
+  }
 }
 
 // The one-token fused launch (route_select_plan_one, the layer's T = 1 device route) against
