@@ -53,10 +53,12 @@ void mmvq_experts(GgmlType t, const uint8_t* const* expert_w, int64_t n, const B
 // The layer's form (emu::mmvq_groups): n_groups DEVICE groups against the DEVICE slot table;
 // max_n (1..8) bounds every group's n and sizes the shared memory (a larger group traps).
 // layer_tokens (both groups forms): the forward's token count when the caller knows it, 0 when
-// not. The streamed engine takes a groups launch only when it is 0 or at most kMaxGroupRows (a
-// layer of up to 8 tokens, whose groups mostly hold one: it streams a group's rows once per
-// token); larger layers' groups take the dp4a kernel, which shares a row's decode among its
-// tokens. No bit depends on it.
+// not. The streamed engine (the default) takes every groups launch it supports (up to 4096
+// groups: the device-planned gate / up launch up to T = 341 at ds41's top-6, the down launch up
+// to T = 682), in passes of one token for layers of up to 16 tokens and of two above or when
+// layer_tokens is 0 (a pass reads a group's rows once for its tokens); other launches take the
+// dp4a kernel, which shares a row's decode among all its tokens (set_mmvq_stream_layer_tokens
+// moves the limit). No bit depends on it.
 void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups, int64_t n_groups,
                  int max_n, const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
                  void* stream, int64_t layer_tokens = 0);
@@ -65,6 +67,8 @@ void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* group
 // stored at groups + j * proj_stride (proj_stride = the plan's capacity per projection), their
 // live count G is read from the DEVICE word *count when the kernel starts, and the launch computes
 // the n_proj * G groups (gate and up: n_proj 2). Bits equal mmvq_groups on the same groups.
+// Each projection's live groups hold at most proj_stride tokens in all (route_plan's groups
+// partition the picks); the launch sizes its shared memory by that and traps past it.
 // stream_warps (0, 4, 8, 12 or 16): the streamed engine's warps per block for this launch (0:
 // set_mmvq_stream_shape's). warm, warm_bytes (optional): a device range holding the plan (the
 // count, the groups, the slot table), which the streamed engine's blocks prefetch into L1 when
@@ -123,6 +127,16 @@ void set_mmvq_stream_shape(int warps, int stages);
 // leaving room for a concurrent kernel (the shared expert on the side stream). No bit depends on
 // it. Process-wide, for benchmarks; not thread-safe.
 void set_mmvq_blocks_per_sm(int cap);
+// The largest layer_tokens (the groups forms' argument) whose launches take the streamed engine:
+// n >= 1, or 0 for the default (every layer; 8 gives the layers above 8 tokens the dp4a kernel).
+// For benchmarks; no bit depends on it. Process-wide, not thread-safe.
+void set_mmvq_stream_layer_tokens(int64_t n);
+// The streamed engine's launches of several-token groups: pass_tokens (1 or 2; 0 the default:
+// one for layers of up to 16 tokens, two above) tokens a pass (the group's rows are read once
+// per pass), and whole_sm: request a
+// multiprocessor's whole shared memory, so that no other kernel's block runs beside one of
+// theirs. For benchmarks; no bit depends on either. Process-wide, not thread-safe.
+void set_mmvq_stream_pass_shape(int pass_tokens, bool whole_sm);
 // The dp4a kernel's rows per warp: 0 (the default) two wherever the doubled tiles fit in shared
 // memory, 1 always one (the kernel's fallback, so that tests reach it). No bit depends on it.
 // Process-wide, for tests and benchmarks; not thread-safe.

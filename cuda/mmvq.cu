@@ -15,6 +15,7 @@
 // one-token launches to cuda/mmvq_tc.cu (same bits). Performance: docs/performance.md "GPU".
 #include <cuda_pipeline.h>
 
+#include <limits>
 #include <string>
 
 #include "core/error.h"
@@ -35,6 +36,19 @@ int g_tc_stages = 0, g_tc_mode = 0;
 int g_sb_warps = 0, g_sb_stages = 0;
 int g_blocks_per_sm = 0;
 int g_rows_per_warp = 0;
+// The largest layer (tokens) whose groups launches take the streamed engine (default: every
+// layer; set_mmvq_stream_layer_tokens(8) gives larger layers the dp4a kernel, as before
+// 2026-12-03's tenth session).
+constexpr int64_t kEveryLayer = std::numeric_limits<int64_t>::max();
+int64_t g_stream_layer_tokens = kEveryLayer;
+
+// The streamed engine's tokens a pass for groups launches (docs/performance.md, "The streamed
+// engine for the batched layers"): one in layers of up to 16 tokens, whose groups mostly hold one
+// and where the one-token pass's lighter code wins (ds41: 0.51 against 0.57 ms at T = 16); two
+// above (1.63 against 1.76 ms at T = 64), and where the layer's size is not known.
+int stream_pass_tokens(int64_t layer_tokens) {
+  return layer_tokens >= 1 && layer_tokens <= 2 * kMaxGroupRows ? 1 : 2;
+}
 
 using namespace mmvq_tiles;
 using namespace mmvq_units;
@@ -290,6 +304,16 @@ void set_mmvq_stream_shape(int warps, int stages) {
   g_sb_stages = stages;
 }
 
+void set_mmvq_stream_layer_tokens(int64_t n) {
+  if (n < 0)
+    throw InputError("cuda::set_mmvq_stream_layer_tokens: need n >= 0, found " + std::to_string(n));
+  g_stream_layer_tokens = n == 0 ? kEveryLayer : n;
+}
+
+void set_mmvq_stream_pass_shape(int pass_tokens, bool whole_sm) {
+  mmvq_sb::set_pass_shape(pass_tokens, whole_sm);
+}
+
 void set_mmvq_rows_per_warp(int r) {
   if (r != 0 && r != 1)
     throw InputError("cuda::set_mmvq_rows_per_warp: r must be 0 (two where they fit) or 1, found " +
@@ -329,7 +353,9 @@ void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* group
     require_aligned(groups, 4, "mmvq_groups", "groups");
   }
   MmvqParams p{Form::kGroups, nullptr, slots, groups, a, false, y, rows, K, 0, 0, 0, 0};
-  launch(p, t, n_groups, max_n, warps, "mmvq_groups", stream, layer_tokens <= kMaxGroupRows);
+  p.pass_tokens = stream_pass_tokens(layer_tokens);
+  launch(p, t, n_groups, max_n, warps, "mmvq_groups", stream,
+         layer_tokens <= g_stream_layer_tokens);
 }
 
 void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups,
@@ -353,6 +379,7 @@ void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGrou
   p.proj_stride = proj_stride;
   p.n_proj = n_proj;
   p.sb_warps = stream_warps;
+  p.pass_tokens = stream_pass_tokens(layer_tokens);
   if (warm != nullptr && warm_bytes > 0) {
     const uintptr_t w0 = reinterpret_cast<uintptr_t>(warm) & ~uintptr_t{127};
     const uintptr_t w1 = reinterpret_cast<uintptr_t>(warm) + static_cast<uintptr_t>(warm_bytes);
@@ -360,7 +387,7 @@ void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGrou
     p.warm_lines = static_cast<int>((w1 - w0 + 127) / 128);
   }
   launch(p, t, n_proj * proj_stride, max_n, warps, "mmvq_groups_planned", stream,
-         layer_tokens <= kMaxGroupRows);
+         layer_tokens <= g_stream_layer_tokens);
 }
 
 }  // namespace moecheck::cuda

@@ -1,7 +1,7 @@
 // The streamed MMVQ engine (cuda::MmvqEngine::kStreamed): Q2_K / Q3_K rows read in place
 // against q8_1 activation rows, the float parts exactly as docs/numerics.md "mmvq_q2k, mmvq_q3k"
 // writes them (the same bits as the dp4a kernel of cuda/mmvq.cu and emu::mmvq). It takes the
-// one-token launches and the groups of layers of up to 8 tokens.
+// one-token launches and the groups launches of every layer it fits (cuda/kernels.h).
 //
 // Threads and chains. A pass is 8 consecutive rows of one group against one token; lane 4 r + c
 // of a warp takes row r of the pass and the super-blocks of class c = sb % 4. Unit g of a row
@@ -20,10 +20,12 @@
 // 2 j and 2 j + 1 of each such super-block (t is a pure function of its unit: the same bits on
 // any lane), and the owner takes the eight values by shuffles and extends its chains.
 //
-// Tokens. A group of n tokens is n pairs (group, token), each a full set of passes over the
-// group's rows (the rows are streamed again per token, from L2 in practice; a layer of up to 8
-// tokens mostly has groups of one). Blocks (one per multiprocessor) take contiguous ranges of
-// the launch's passes in pair order; the warps of a block take every W-th pass of the range.
+// Tokens. A group of n tokens is ceil(n / kTok) chunks of up to kTok consecutive tokens (kTok 1
+// or 2, the launch's pass tokens), each a full set of passes over the group's rows: a pass reads
+// its 8 rows once, forms each unit's masked quant words and scales once, and extends the chains
+// of each of its tokens with the same operations as a one-token pass (the rows are streamed
+// again per chunk, from L2 in practice). Blocks (one per multiprocessor) take contiguous ranges
+// of the launch's passes in chunk order; the warps of a block take every W-th pass of the range.
 //
 // Copies. Each warp owns a ring of S stages; a stage holds one pass's 8 rows x 4 super-blocks,
 // each row copied by one lane with cp.async.bulk (its 16-byte aligned covering span) into a slot
@@ -57,6 +59,9 @@ constexpr int kPassRows = 8;  // rows per pass: lane = 4 row + class
 constexpr int kChunkSb = 4;   // super-blocks per row and step: one per class sb % 4
 constexpr int kSmemMax = 227 * 1024;
 constexpr int kDefaultWarps = 16, kDefaultStages = 3;
+// Launches with groups of several tokens: the most tokens a pass computes (its chunk), 1, 2 or 4.
+constexpr int kPassTokens = 2;
+static_assert(kPassTokens == 1 || kPassTokens == 2 || kPassTokens == 4);
 // Groups of several tokens: the most groups a launch may have (the blocks' prefix of their token
 // counts, 16 KB of shared memory).
 constexpr int64_t kMaxPrefixGroups = 4096;
@@ -162,55 +167,64 @@ __device__ __forceinline__ void stage_acts(const BlockQ8_1* a, const int* rows, 
   __syncthreads();
 }
 
-// The dots of one unit's quant plane (words q[0..7], masked by mask) with the activation quants
-// x0 (values 0-15) and x1 (16-31): the two halves' sums.
-__device__ __forceinline__ void plane_dots(const uint32_t* q, uint32_t mask, const uint4& x0,
-                                           const uint4& x1, int& p0, int& p1) {
-  p0 = dp4a_us(q[0] & mask, static_cast<int>(x0.x), 0);
-  p1 = dp4a_us(q[4] & mask, static_cast<int>(x1.x), 0);
-  p0 = dp4a_us(q[1] & mask, static_cast<int>(x0.y), p0);
-  p1 = dp4a_us(q[5] & mask, static_cast<int>(x1.y), p1);
-  p0 = dp4a_us(q[2] & mask, static_cast<int>(x0.z), p0);
-  p1 = dp4a_us(q[6] & mask, static_cast<int>(x1.z), p1);
-  p0 = dp4a_us(q[3] & mask, static_cast<int>(x0.w), p0);
-  p1 = dp4a_us(q[7] & mask, static_cast<int>(x1.w), p1);
+// A unit's quant plane: words q[0..7] masked by mask (one plane of 2-bit quants, or Q3_K's
+// high bits), formed once per unit for all the tokens of a pass.
+__device__ __forceinline__ void mask_words(const uint32_t* q, uint32_t mask, uint32_t (&out)[8]) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) out[k] = q[k] & mask;
 }
 
-// t of numerics.md for Q2_K unit b: qs the 8 quant words of its half, sw the scale word holding
-// scales[2b], scales[2b + 1] (bytes 2 (b % 2), + 1), am its {d8, half sums, ...}. The masked dots
-// are 4^(b % 4) times the true ones, shifted back exactly; A and B by dp2a with the conversion
-// bias as the accumulator input, so float(A) is one subtraction (cuda/device_util.cuh).
-template <bool kHi>
-__device__ __forceinline__ float q2k_t(const uint32_t* qs, int s, uint32_t sw, float d, float dmin,
-                                       const uint4& x0, const uint4& x1, int hs16) {
+// The dots of one unit's masked quant plane mq with the activation quants x0 (values 0-15) and
+// x1 (16-31): the two halves' sums.
+__device__ __forceinline__ void plane_dots(const uint32_t (&mq)[8], const uint4& x0,
+                                           const uint4& x1, int& p0, int& p1) {
+  p0 = dp4a_us(mq[0], static_cast<int>(x0.x), 0);
+  p1 = dp4a_us(mq[4], static_cast<int>(x1.x), 0);
+  p0 = dp4a_us(mq[1], static_cast<int>(x0.y), p0);
+  p1 = dp4a_us(mq[5], static_cast<int>(x1.y), p1);
+  p0 = dp4a_us(mq[2], static_cast<int>(x0.z), p0);
+  p1 = dp4a_us(mq[6], static_cast<int>(x1.z), p1);
+  p0 = dp4a_us(mq[3], static_cast<int>(x0.w), p0);
+  p1 = dp4a_us(mq[7], static_cast<int>(x1.w), p1);
+}
+
+// t of numerics.md for Q2_K unit b (s = b % 4, hi = b odd): mq its half's 8 quant words masked
+// to plane s, sw the scale word holding scales[2b], scales[2b + 1] (bytes 2 (b % 2), + 1), hs16
+// its half sums. The masked dots are 4^s times the true ones, shifted back exactly; A and B by
+// dp2a with the conversion bias as the accumulator input, so float(A) is one subtraction
+// (cuda/device_util.cuh).
+__device__ __forceinline__ float q2k_t_masked(const uint32_t (&mq)[8], int s, uint32_t sw, float d,
+                                              float dmin, const uint4& x0, const uint4& x1,
+                                              int hs16, bool hi) {
   int p0, p1;
-  plane_dots(qs, 0x03030303u << (2 * s), x0, x1, p0, p1);
+  plane_dots(mq, x0, x1, p0, p1);
   p0 >>= 2 * s;
   p1 >>= 2 * s;
   const int pp = static_cast<int>(__byte_perm(p0, p1, 0x5410));
   const int sc = static_cast<int>(sw & 0x0F0F0F0Fu), mn = static_cast<int>((sw >> 4) & 0x0F0F0F0Fu);
-  const int A = kHi ? __dp2a_hi(pp, sc, kBias) : __dp2a_lo(pp, sc, kBias);
-  const int B = kHi ? __dp2a_hi(hs16, mn, kBias) : __dp2a_lo(hs16, mn, kBias);
+  const int A = hi ? __dp2a_hi(pp, sc, kBias) : __dp2a_lo(pp, sc, kBias);
+  const int B = hi ? __dp2a_hi(hs16, mn, kBias) : __dp2a_lo(hs16, mn, kBias);
   return fma_rn(d, biased_float(A), -mul_rn(dmin, biased_float(B)));
 }
 
-// t of numerics.md for Q3_K unit b: qs its half's 8 quant words, hm the 8 high-bit words, sw the
-// word of six-bit scales (plus 32) holding sub-blocks 2b, 2b + 1; quant = low - 4 + 4 high, so
-// p = (low dot) + 4 (high dot) - 4 (half sum), and A = sum (u - 32) p.
-template <bool kHi>
-__device__ __forceinline__ float q3k_t(const uint32_t* qs, const uint32_t* hm, int b, uint32_t sw,
-                                       float d, const uint4& x0, const uint4& x1, const int4& am) {
+// t of numerics.md for Q3_K unit b (hi = b odd): ml its half's 8 quant words masked to plane
+// b % 4, mh the 8 high-bit words masked to bit b of each byte, sw the word of six-bit scales
+// (plus 32) holding sub-blocks 2b, 2b + 1; quant = low - 4 + 4 high, so p = (low dot) +
+// 4 (high dot) - 4 (half sum), and A = sum (u - 32) p.
+__device__ __forceinline__ float q3k_t_masked(const uint32_t (&ml)[8], const uint32_t (&mh)[8],
+                                              int b, uint32_t sw, float d, const uint4& x0,
+                                              const uint4& x1, const int4& am, bool hi) {
   const int s = b & 3;
   int l0, l1, h0, h1;
-  plane_dots(qs, 0x03030303u << (2 * s), x0, x1, l0, l1);
-  plane_dots(hm, 0x01010101u << b, x0, x1, h0, h1);
+  plane_dots(ml, x0, x1, l0, l1);
+  plane_dots(mh, x0, x1, h0, h1);
   // 4 (h >> b), exact: h is a multiple of 2^b.
   const int f0 = b >= 2 ? h0 >> (b - 2) : h0 * (4 >> b);
   const int f1 = b >= 2 ? h1 >> (b - 2) : h1 * (4 >> b);
   const int p0 = (l0 >> (2 * s)) + f0 + am.z, p1 = (l1 >> (2 * s)) + f1 + am.w;
   const int pp = static_cast<int>(__byte_perm(p0, p1, 0x5410));
   const int u = static_cast<int>(sw);
-  const int A = (kHi ? __dp2a_hi(pp, u, kBias) : __dp2a_lo(pp, u, kBias)) - 32 * (p0 + p1);
+  const int A = (hi ? __dp2a_hi(pp, u, kBias) : __dp2a_lo(pp, u, kBias)) - 32 * (p0 + p1);
   return mul_rn(d, biased_float(A));
 }
 
@@ -223,12 +237,24 @@ __device__ __forceinline__ uint32_t q3k_scale_word(uint32_t L0, uint32_t L1, uin
   return (lo & 0x0F0F0F0Fu) | (hi & 0x30303030u);
 }
 
+// The tokens of a pass (kN of them, warp-uniform) against the same weight words: the masked
+// quant words and the scale extraction of a unit are formed once, then each token's dots, t and
+// chain step (the same operations in the same order as a pass of one token: the arithmetic per
+// (row, token, unit) does not depend on kN).
+struct TokActs {
+  const uint8_t* aq;  // token 0's staged activation of the super-block's unit 0
+  const uint8_t* am;
+  int stride;  // bytes between consecutive tokens' slots
+};
+
 // One whole super-block of the lane's row: the block's words from shared offset blk of the
-// stage (2-byte aligned; kAligned: 4), its eight units into the chains. aq / am: the staged
-// activation of the super-block's unit 0 (units b at + 32 b / + 16 b).
-template <GgmlType kType, bool kAligned>
-__device__ __forceinline__ void super_block(const uint8_t* st, int blk, const uint8_t* aq,
-                                            const uint8_t* am, float (&acc)[8]) {
+// stage (2-byte aligned; kAligned: 4), its eight units into the chains of kN tokens (acc[i],
+// i < kN). Token i's staged activation of the super-block's unit 0 is at ta.aq + i ta.stride
+// (units b at + 32 b), its {d8, sums} at ta.am + i ta.stride (+ 16 b).
+template <GgmlType kType, bool kAligned, int kN, int kTok>
+__device__ __forceinline__ void super_block(const uint8_t* st, int blk, const TokActs& ta,
+                                            float (&acc)[kTok][8]) {
+  static_assert(kN >= 1 && kN <= kTok);
   if constexpr (kType == GgmlType::kQ2K) {
     uint32_t w[21];  // scales 0-3, qs 4-19, d | dmin 20
     if constexpr (kAligned) lds_words_aligned<21>(st, blk, w);
@@ -236,13 +262,19 @@ __device__ __forceinline__ void super_block(const uint8_t* st, int blk, const ui
     const float d = low_f16(w[20]), dmin = low_f16(w[20] >> 16);
 #pragma unroll
     for (int b = 0; b < 8; ++b) {
-      const uint4 x0 = *reinterpret_cast<const uint4*>(aq + 32 * b);
-      const uint4 x1 = *reinterpret_cast<const uint4*>(aq + 32 * b + 16);
-      const int4 m = *reinterpret_cast<const int4*>(am + 16 * b);
-      const float t =
-          (b & 1) ? q2k_t<true>(w + 4 + 8 * (b >> 2), b & 3, w[b >> 1], d, dmin, x0, x1, m.y)
-                  : q2k_t<false>(w + 4 + 8 * (b >> 2), b & 3, w[b >> 1], d, dmin, x0, x1, m.y);
-      acc[b] = fma_rn(__int_as_float(m.x), t, acc[b]);
+      const int s = b & 3;
+      uint32_t mq[8];
+      mask_words(w + 4 + 8 * (b >> 2), 0x03030303u << (2 * s), mq);
+      const uint32_t sw = w[b >> 1];
+#pragma unroll
+      for (int i = 0; i < kN; ++i) {
+        const uint8_t* aq = ta.aq + i * ta.stride + 32 * b;
+        const uint4 x0 = *reinterpret_cast<const uint4*>(aq);
+        const uint4 x1 = *reinterpret_cast<const uint4*>(aq + 16);
+        const int4 m = *reinterpret_cast<const int4*>(ta.am + i * ta.stride + 16 * b);
+        const float t = q2k_t_masked(mq, s, sw, d, dmin, x0, x1, m.y, (b & 1) != 0);
+        acc[i][b] = fma_rn(__int_as_float(m.x), t, acc[i][b]);
+      }
     }
   } else {
     uint32_t w[28];  // hmask 0-7, qs 8-23, scales 24-26, d 27
@@ -253,14 +285,36 @@ __device__ __forceinline__ void super_block(const uint8_t* st, int blk, const ui
     for (int k = 0; k < 4; ++k) S[k] = q3k_scale_word(w[24], w[25], w[26], k);
 #pragma unroll
     for (int b = 0; b < 8; ++b) {
-      const uint4 x0 = *reinterpret_cast<const uint4*>(aq + 32 * b);
-      const uint4 x1 = *reinterpret_cast<const uint4*>(aq + 32 * b + 16);
-      const int4 m = *reinterpret_cast<const int4*>(am + 16 * b);
-      const float t = (b & 1) ? q3k_t<true>(w + 8 + 8 * (b >> 2), w, b, S[b >> 1], d, x0, x1, m)
-                              : q3k_t<false>(w + 8 + 8 * (b >> 2), w, b, S[b >> 1], d, x0, x1, m);
-      acc[b] = fma_rn(__int_as_float(m.x), t, acc[b]);
+      uint32_t ml[8], mh[8];
+      mask_words(w + 8 + 8 * (b >> 2), 0x03030303u << (2 * (b & 3)), ml);
+      mask_words(w, 0x01010101u << b, mh);
+#pragma unroll
+      for (int i = 0; i < kN; ++i) {
+        const uint8_t* aq = ta.aq + i * ta.stride + 32 * b;
+        const uint4 x0 = *reinterpret_cast<const uint4*>(aq);
+        const uint4 x1 = *reinterpret_cast<const uint4*>(aq + 16);
+        const int4 m = *reinterpret_cast<const int4*>(ta.am + i * ta.stride + 16 * b);
+        const float t = q3k_t_masked(ml, mh, b, S[b >> 1], d, x0, x1, m, (b & 1) != 0);
+        acc[i][b] = fma_rn(__int_as_float(m.x), t, acc[i][b]);
+      }
     }
   }
+}
+
+// super_block for the pass's ntok tokens (1 .. kTok, warp-uniform): a branch per count, so that
+// each count's tokens share the weight work and their chains interleave.
+template <GgmlType kType, bool kAligned, int kTok>
+__device__ __forceinline__ void tokens_super_block(int ntok, const uint8_t* st, int blk,
+                                                   const uint8_t* aq, const uint8_t* am, int stride,
+                                                   float (&acc)[kTok][8]) {
+  if constexpr (kTok >= 4) {
+    if (ntok >= 4) return super_block<kType, kAligned, 4, kTok>(st, blk, {aq, am, stride}, acc);
+    if (ntok == 3) return super_block<kType, kAligned, 3, kTok>(st, blk, {aq, am, stride}, acc);
+  }
+  if constexpr (kTok >= 2) {
+    if (ntok == 2) return super_block<kType, kAligned, 2, kTok>(st, blk, {aq, am, stride}, acc);
+  }
+  super_block<kType, kAligned, 1, kTok>(st, blk, {aq, am, stride}, acc);
 }
 
 // t of units 2 j and 2 j + 1 of the block at blk (a super-block shared by a row's four lanes).
@@ -281,8 +335,11 @@ __device__ __forceinline__ void unit_pair(const uint8_t* st, int blk, int j, con
     const uint32_t dd = lds_u32(st, blk + 80);
     const float d = low_f16(dd), dmin = low_f16(dd >> 16);
     const int s = 2 * (j & 1);
-    t0 = q2k_t<false>(qs, s, sw, d, dmin, x00, x01, m0.y);
-    t1 = q2k_t<true>(qs, s + 1, sw, d, dmin, x10, x11, m1.y);
+    uint32_t mq0[8], mq1[8];
+    mask_words(qs, 0x03030303u << (2 * s), mq0);
+    mask_words(qs, 0x03030303u << (2 * s + 2), mq1);
+    t0 = q2k_t_masked(mq0, s, sw, d, dmin, x00, x01, m0.y, false);
+    t1 = q2k_t_masked(mq1, s + 1, sw, d, dmin, x10, x11, m1.y, true);
   } else {
     uint32_t qs[8], hm[8], sc[3];
     lds_words<8>(st, blk + 32 + 32 * h, qs);
@@ -290,8 +347,13 @@ __device__ __forceinline__ void unit_pair(const uint8_t* st, int blk, int j, con
     lds_words<3>(st, blk + 96, sc);
     const float d = low_f16(lds_u16(st, blk + 108));
     const uint32_t sw = q3k_scale_word(sc[0], sc[1], sc[2], j);
-    t0 = q3k_t<false>(qs, hm, 2 * j, sw, d, x00, x01, m0);
-    t1 = q3k_t<true>(qs, hm, 2 * j + 1, sw, d, x10, x11, m1);
+    uint32_t ml0[8], ml1[8], mh0[8], mh1[8];
+    mask_words(qs, 0x03030303u << (2 * ((2 * j) & 3)), ml0);
+    mask_words(qs, 0x03030303u << (2 * ((2 * j + 1) & 3)), ml1);
+    mask_words(hm, 0x01010101u << (2 * j), mh0);
+    mask_words(hm, 0x01010101u << (2 * j + 1), mh1);
+    t0 = q3k_t_masked(ml0, mh0, 2 * j, sw, d, x00, x01, m0, false);
+    t1 = q3k_t_masked(ml1, mh1, 2 * j + 1, sw, d, x10, x11, m1, true);
   }
 }
 
@@ -309,19 +371,24 @@ __device__ __forceinline__ float row_butterfly(float (&acc)[8]) {
   return add_rn(acc[0], acc[1]);
 }
 
-// The launch's pairs (group, token): a group of n tokens is n pairs, each a full pass over the
-// group's rows against one activation row (the rows are streamed again for each token, from L2
-// in practice: the groups of a layer of up to 8 tokens mostly hold one). One-token launches map
-// pair g to group g; kPlain to group pi / 8, token pi % 8; groups of several tokens through
-// pre[g], the tokens of the live groups before g, built by each block in shared memory.
+// The launch's pairs (group, token) and passes. One-token launches map pair g to group g; kPlain
+// to group pi / 8, token pi % 8; groups of several tokens through pre[g], the tokens of the live
+// groups before g, built by each block in shared memory. A pass computes 8 rows of one group
+// against a chunk of up to kTok of its tokens (consecutive pairs), so a group of n tokens is
+// ceil(n / kTok) chunks, each a full pass over the group's rows that reads them once for all its
+// tokens; cpre[g] counts the chunks of the live groups before g. One-token launches: kTok = 1,
+// chunk = pair.
+template <int kTok>
 struct Pairs {
   const MmvqParams& p;
-  const int32_t* pre;  // nullptr: every group one token
-  int64_t groups;      // live groups
+  const int32_t* pre;   // nullptr: every group one token
+  const int32_t* cpre;  // chunks before group g (with pre)
+  int64_t groups;       // live groups
+  int ct;               // tokens a chunk (1 .. kTok)
 
-  __device__ __forceinline__ int64_t total() const {
+  __device__ __forceinline__ int64_t chunks() const {
     if (p.form == Form::kPlain) return p.T;
-    return pre != nullptr ? pre[groups] : groups;
+    return cpre != nullptr ? cpre[groups] : groups;
   }
   // The pair's group and token; g is a cursor that only moves forward (a warp's pairs increase).
   __device__ __forceinline__ void at(int64_t pi, int64_t& g, int& tok) const {
@@ -337,29 +404,58 @@ struct Pairs {
       tok = static_cast<int>(pi - pre[g]);
     }
   }
+  // Chunk ci: its group (a forward cursor, as above), first token, token count (1 .. kTok;
+  // one-token launches: 1, the group's n deciding validity) and first pair.
+  __device__ __forceinline__ void chunk(int64_t ci, int64_t& g, int& tok0, int& ntok,
+                                        int64_t& pi) const {
+    if (cpre == nullptr) {
+      at(ci, g, tok0);
+      ntok = 1;
+      pi = ci;
+      return;
+    }
+    if (g < 0) g = 0;
+    while (cpre[g + 1] <= ci) ++g;
+    tok0 = ct * static_cast<int>(ci - cpre[g]);
+    const int n = pre[g + 1] - pre[g] - tok0;
+    ntok = n < ct ? n : ct;
+    pi = pre[g] + tok0;
+  }
 };
 
-// pre[0..G] of the live groups' token counts, by warp 0 (the caller synchronises the block).
-__device__ __forceinline__ void build_prefix(const MmvqParams& p, int64_t G, int32_t* pre) {
+// pre[0..G] of the live groups' token counts and cpre[0..G] of their chunks of ct tokens, by
+// warp 0 (the caller synchronises the block).
+__device__ __forceinline__ void build_prefix(const MmvqParams& p, int64_t G, int ct, int32_t* pre,
+                                             int32_t* cpre) {
   const int lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
-  int32_t base = 0;
-  if (lane == 0) pre[0] = 0;
+  int32_t base = 0, cbase = 0;
+  if (lane == 0) pre[0] = cpre[0] = 0;
   for (int64_t g0 = 0; g0 < G; g0 += kWarpSize) {
     const int64_t g = g0 + lane;
     int v = g < G ? __ldg(&stored_group(p, g)->n) : 0;
+    int cv = (v + ct - 1) / ct;
 #pragma unroll
     for (int o = 1; o < kWarpSize; o *= 2) {
       const int u = __shfl_up_sync(0xFFFFFFFFu, v, o);
-      if (lane >= o) v += u;
+      const int cu = __shfl_up_sync(0xFFFFFFFFu, cv, o);
+      if (lane >= o) {
+        v += u;
+        cv += cu;
+      }
     }
-    if (g < G) pre[g + 1] = base + v;
+    if (g < G) {
+      pre[g + 1] = base + v;
+      cpre[g + 1] = cbase + cv;
+    }
     base += __shfl_sync(0xFFFFFFFFu, v, kWarpSize - 1);
+    cbase += __shfl_sync(0xFFFFFFFFu, cv, kWarpSize - 1);
   }
 }
 
-template <GgmlType kType, int kWarps, bool kPrefix>
+template <GgmlType kType, int kWarps, bool kPrefix, int kTok>
 __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
     mmvq_sb_kernel(MmvqParams p, int stages, int n_act, bool early) {
+  static_assert(kTok == 1 || (kPrefix && kTok <= kPassTokens));
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kB = kBB<kType>;
   constexpr int kS = kSlot<kType>;
@@ -387,22 +483,31 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
     bulk::prefetch_l1(p.warm + 128 * static_cast<int64_t>(i));
 
   const int64_t G = p.form == Form::kPlain ? 0 : live_groups(p);
-  int32_t* pre = nullptr;
+  int32_t *pre = nullptr, *cpre = nullptr;
   if constexpr (kPrefix) {
     pre = act_rows + n_act;
-    if (warp == 0) build_prefix(p, G, pre);
+    cpre = pre + p.n_groups + 1;
+    if (warp == 0) build_prefix(p, G, kTok, pre, cpre);
     __syncthreads();
   }
-  const Pairs pairs{p, pre, G};
+  const Pairs<kTok> pairs{p, pre, cpre, G, kTok};
   const int passes = static_cast<int>((p.rows + kPassRows - 1) / kPassRows);
-  const int64_t total = passes * pairs.total();
+  const int64_t total = passes * pairs.chunks();
   const int64_t b0 = total * blockIdx.x / gridDim.x, b1 = total * (blockIdx.x + 1) / gridDim.x;
   if (b1 <= b0) {  // block-uniform: no pass here
     pdl::wait();
     return;
   }
-  const int64_t pi0 = b0 / passes;
-  const int np = static_cast<int>((b1 - 1) / passes - pi0 + 1);  // <= n_act (the launch's bound)
+  // The pairs of the block's chunks: pi0 .. pi0 + np - 1 (np <= n_act, the launch's bound).
+  int64_t pi0, pi_last;
+  {
+    int64_t g = -1, pi;
+    int t0, nt;
+    pairs.chunk(b0 / passes, g, t0, nt, pi0);
+    pairs.chunk((b1 - 1) / passes, g, t0, nt, pi);
+    pi_last = pi + nt - 1;
+  }
+  const int np = static_cast<int>(pi_last - pi0 + 1);
   if (np > n_act) __trap();
   const int64_t first = b0 + warp;
   const int n_pass = first < b1 ? static_cast<int>((b1 - first + kWarps - 1) / kWarps) : 0;
@@ -418,10 +523,11 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   auto issue = [&](int j, int q, int k) {
     if (q == 0) {  // a new pass: its group looked up once
       const int64_t item = first + static_cast<int64_t>(kWarps) * j;
-      const int64_t pi = item / passes;
-      i_pass = static_cast<int>(item - pi * passes);
-      int tok;
-      pairs.at(pi, i_cur, tok);
+      const int64_t ci = item / passes;
+      i_pass = static_cast<int>(item - ci * passes);
+      int tok0, ntok;
+      int64_t pi;
+      pairs.chunk(ci, i_cur, tok0, ntok, pi);
       if (i_cur != i_group) {
         i_group = i_cur;
         i_gi = group_info(p, i_cur);
@@ -476,26 +582,29 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
 
   int64_t group = -1, cur = -1;
   GroupInfo gi{nullptr, 0};
-  int pass = 0, tok = 0;
+  int pass = 0, tok0 = 0, ntok = 1;
   bool valid = false;
   const uint8_t* act = acts;
-  float acc[8];
+  float acc[kTok][8];
   int k = 0;
   uint32_t parity = 0;
   for (int s = 0, j = 0, q = 0; s < steps; ++s) {
     if (q == 0) {  // a new pass (warp-uniform)
       const int64_t item = first + static_cast<int64_t>(kWarps) * j;
-      const int64_t pi = item / passes;
-      pass = static_cast<int>(item - pi * passes);
-      pairs.at(pi, cur, tok);
+      const int64_t ci = item / passes;
+      pass = static_cast<int>(item - ci * passes);
+      int64_t pi;
+      pairs.chunk(ci, cur, tok0, ntok, pi);
       if (cur != group) {
         group = cur;
         gi = group_info(p, cur);
       }
       act = acts + static_cast<int>(pi - pi0) * L.act_bytes;
-      valid = tok < gi.n && static_cast<int64_t>(pass) * kPassRows + r < p.rows;
+      valid = tok0 < gi.n && static_cast<int64_t>(pass) * kPassRows + r < p.rows;
 #pragma unroll
-      for (int b = 0; b < 8; ++b) acc[b] = 0.0f;
+      for (int i = 0; i < kTok; ++i)
+#pragma unroll
+        for (int b = 0; b < 8; ++b) acc[i][b] = 0.0f;
     }
     bulk::bar_wait(bar + k, parity);
     const uint8_t* st = ring + k * L.stage + r * kS;
@@ -511,30 +620,40 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
       const int blk = m + c * kB;
       // Q2_K rows are whole words: every block 4-byte aligned when the base is (warp-uniform).
       if (kType == GgmlType::kQ2K && __all_sync(0xFFFFFFFFu, (m & 3) == 0))
-        super_block<kType, true>(st, blk, aq, am, acc);
-      else super_block<kType, false>(st, blk, aq, am, acc);
+        tokens_super_block<kType, true, kTok>(ntok, st, blk, aq, am, L.act_bytes, acc);
+      else tokens_super_block<kType, false, kTok>(ntok, st, blk, aq, am, L.act_bytes, acc);
     } else {  // the last rem super-blocks, shared by the row's four lanes (warp-uniform branch)
-      for (int o = 0; o < rem; ++o) {
-        const int sb = kChunkSb * q + o;
-        const uint8_t* aq = act + kActQSb * sb;
-        const uint8_t* am = act + L.act_m + kActMSb * sb;
-        float t0, t1;
-        unit_pair<kType>(st, m + o * kB, c, aq, am, t0, t1);
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          const float v0 = __shfl_sync(0xFFFFFFFFu, t0, (lane & ~3) | jj);
-          const float v1 = __shfl_sync(0xFFFFFFFFu, t1, (lane & ~3) | jj);
-          if (c == o) {
-            const float* d8 = reinterpret_cast<const float*>(am + 32 * jj);
-            acc[2 * jj] = fma_rn(d8[0], v0, acc[2 * jj]);
-            acc[2 * jj + 1] = fma_rn(d8[4], v1, acc[2 * jj + 1]);
+      for (int i = 0; i < kTok; ++i) {
+        if (i >= ntok) break;  // warp-uniform
+        const uint8_t* ai = act + i * L.act_bytes;
+        for (int o = 0; o < rem; ++o) {
+          const int sb = kChunkSb * q + o;
+          const uint8_t* aq = ai + kActQSb * sb;
+          const uint8_t* am = ai + L.act_m + kActMSb * sb;
+          float t0, t1;
+          unit_pair<kType>(st, m + o * kB, c, aq, am, t0, t1);
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            const float v0 = __shfl_sync(0xFFFFFFFFu, t0, (lane & ~3) | jj);
+            const float v1 = __shfl_sync(0xFFFFFFFFu, t1, (lane & ~3) | jj);
+            if (c == o) {
+              const float* d8 = reinterpret_cast<const float*>(am + 32 * jj);
+              acc[i][2 * jj] = fma_rn(d8[0], v0, acc[i][2 * jj]);
+              acc[i][2 * jj + 1] = fma_rn(d8[4], v1, acc[i][2 * jj + 1]);
+            }
           }
         }
       }
     }
     if (q == nq - 1) {
-      const float v = row_butterfly(acc);
-      if (valid && c == 0) p.y[static_cast<int64_t>(out_row(p, group, tok)) * p.rows + row] = v;
+#pragma unroll
+      for (int i = 0; i < kTok; ++i) {
+        if (i >= ntok) break;  // warp-uniform
+        const float v = row_butterfly(acc[i]);
+        if (valid && c == 0)
+          p.y[static_cast<int64_t>(out_row(p, group, tok0 + i)) * p.rows + row] = v;
+      }
     }
     __syncwarp();  // every lane is done with stage k
     if (s + stages < steps) {
@@ -561,48 +680,74 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
 struct Geometry {
   int stages, n_act, bytes;
   int64_t grid;
+  int tok;  // tokens a pass (chunk)
 };
 
+// Diagnostics (set_pass_shape): tokens a pass in launches of several-token groups (0: the
+// launch's own, MmvqParams::pass_tokens), and whether those launches take a multiprocessor's
+// whole shared memory.
+int g_pass_tokens = 0;
+bool g_whole_sm = false;
+
+// Groups of several tokens: the blocks' token and chunk prefixes (cuda::mmvq_sb's Pairs).
+bool prefixed(const MmvqParams& p) { return p.form == Form::kGroups && p.max_n > 1; }
+
 int extra_bytes(const MmvqParams& p, int n_act) {
-  const int prefix =
-      p.form == Form::kGroups && p.max_n > 1 ? static_cast<int>(4 * (p.n_groups + 1)) : 0;
+  const int prefix = prefixed(p) ? static_cast<int>(8 * (p.n_groups + 1)) : 0;
   return (4 * n_act + prefix + 15) / 16 * 16;
 }
 
-// Fits W warps: the most stages up to `want` (at least 2), the grid (one block per multiprocessor,
-// more when a block would touch more pairs than its activation slots hold). False: does not fit.
+// Fits W warps: the most stages up to `want` (at least 2) with which one block per
+// multiprocessor holds the activation slots of its chunks, else the fewest blocks (more than one
+// per multiprocessor) over every stage count. False: does not fit at all.
 bool geometry(const MmvqParams& p, int slot, int warps, int want, Geometry& g) {
   const int units = static_cast<int>(p.K / kQK8_1);
-  const int64_t pairs = p.form == Form::kPlain ? p.T : p.n_groups * p.max_n;
+  const int tok = !prefixed(p) ? 1 : g_pass_tokens != 0 ? g_pass_tokens : p.pass_tokens;
+  // Upper bounds of the launch's pairs (group, token) and chunks: every group at max_n tokens;
+  // the device-planned form has at most proj_stride pairs a projection (mmvq_groups_planned).
+  int64_t pairs = p.form == Form::kPlain ? p.T : p.n_groups * p.max_n;
+  if (p.form == Form::kGroups && p.dev_count != nullptr && p.n_proj * p.proj_stride < pairs)
+    pairs = p.n_proj * p.proj_stride;
+  int64_t chunks = pairs;
+  if (tok > 1 && p.n_groups * ((p.max_n + tok - 1) / tok) < chunks)
+    chunks = p.n_groups * ((p.max_n + tok - 1) / tok);
   const int64_t passes = (p.rows + kPassRows - 1) / kPassRows;
-  const int64_t items = passes * pairs;
+  const int64_t items = passes * chunks;
   const int64_t resident = current_sm_count();
   int64_t grid = (items + warps - 1) / warps;
   grid = grid < 1 ? 1 : grid < resident ? grid : resident;
+  // A block's pairs: its chunks (items over passes, plus one chunk split by the range) times tok.
+  auto acts = [&](int64_t gg) {
+    const int64_t ipb = (items + gg - 1) / gg;
+    const int64_t a = ((ipb + passes - 1) / passes + 1) * tok;
+    return a < pairs ? a : pairs;
+  };
+  bool found = false;
   for (int s = want; s >= 2; --s) {
     const Layout L0(slot, units, warps, s, 0);
     const int per_act = L0.act_bytes + 4;
     const int64_t room = (kSmemMax - L0.bytes - extra_bytes(p, 0) - 16) / per_act;
-    if (room < 2) continue;
+    if (room < 2 * tok) continue;
     int64_t gr = grid;
-    auto acts = [&](int64_t gg) {
-      const int64_t ipb = (items + gg - 1) / gg;
-      const int64_t a = (ipb + passes - 1) / passes + 1;
-      return a < pairs ? a : pairs;
-    };
-    if (acts(gr) > room) gr = (items + (room - 1) * passes - 1) / ((room - 1) * passes);
+    if (acts(gr) > room) gr = (items + (room / tok - 1) * passes - 1) / ((room / tok - 1) * passes);
+    if (found && gr >= g.grid) continue;
+    const int n_act = static_cast<int>(acts(gr));
+    const int bytes = Layout(slot, units, warps, s, n_act).bytes + extra_bytes(p, n_act);
+    if (bytes > kSmemMax) continue;
     g.stages = s;
-    g.n_act = static_cast<int>(acts(gr));
+    g.n_act = n_act;
     g.grid = gr;
-    g.bytes = Layout(slot, units, warps, s, g.n_act).bytes + extra_bytes(p, g.n_act);
-    return g.bytes <= kSmemMax;
+    g.bytes = g_whole_sm && prefixed(p) ? kSmemMax : bytes;
+    g.tok = tok;
+    found = true;
+    if (gr <= grid) break;  // one block per multiprocessor at the most stages that fit
   }
-  return false;
+  return found;
 }
 
-template <GgmlType kType, int kWarps, bool kPrefix>
+template <GgmlType kType, int kWarps, bool kPrefix, int kTok>
 void launch_one(const MmvqParams& p, const Geometry& g, void* stream) {
-  auto* kernel = mmvq_sb_kernel<kType, kWarps, kPrefix>;
+  auto* kernel = mmvq_sb_kernel<kType, kWarps, kPrefix, kTok>;
   static int smem_set = 48 * 1024;
   if (g.bytes > smem_set) {
     MOECHECK_CUDA_CHECK(
@@ -616,8 +761,9 @@ void launch_one(const MmvqParams& p, const Geometry& g, void* stream) {
 
 template <GgmlType kType, int kWarps>
 void launch_prefix(const MmvqParams& p, const Geometry& g, void* stream) {
-  if (p.form == Form::kGroups && p.max_n > 1) launch_one<kType, kWarps, true>(p, g, stream);
-  else launch_one<kType, kWarps, false>(p, g, stream);
+  if (!prefixed(p)) launch_one<kType, kWarps, false, 1>(p, g, stream);
+  else if (g.tok == 1) launch_one<kType, kWarps, true, 1>(p, g, stream);
+  else launch_one<kType, kWarps, true, kPassTokens>(p, g, stream);
 }
 
 template <GgmlType kType>
@@ -631,6 +777,14 @@ void launch_type(const MmvqParams& p, int w, const Geometry& g, void* stream) {
 }
 
 }  // namespace
+
+void set_pass_shape(int pass_tokens, bool whole_sm) {
+  if (pass_tokens < 0 || pass_tokens > kPassTokens)
+    throw InputError("cuda::set_mmvq_stream_pass_shape: pass tokens must be in [0, " +
+                     std::to_string(kPassTokens) + "], found " + std::to_string(pass_tokens));
+  g_pass_tokens = pass_tokens;
+  g_whole_sm = whole_sm;
+}
 
 bool supported(const MmvqParams& p, GgmlType t) {
   if ((t != GgmlType::kQ2K && t != GgmlType::kQ3K) || p.max_n < 1 || p.max_n > kMaxGroupRows ||

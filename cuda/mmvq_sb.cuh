@@ -24,4 +24,7 @@ bool supported(const mmvq_tiles::MmvqParams& p, GgmlType t);
 // memory is short).
 void launch(const mmvq_tiles::MmvqParams& p, GgmlType t, int warps, int stages, void* stream);
 
+// cuda::set_mmvq_stream_pass_shape (cuda/kernels.h).
+void set_pass_shape(int pass_tokens, bool whole_sm);
+
 }  // namespace moecheck::cuda::mmvq_sb

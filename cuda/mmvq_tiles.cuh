@@ -39,6 +39,9 @@ struct MmvqParams {
   int64_t proj_stride = 0;
   int n_proj = 1;
   int sb_warps = 0;  // the streamed engine's warps per block for this launch; 0: the process's
+  // The streamed engine's tokens a pass for groups of several tokens (1 or 2; cuda/mmvq.cu sets
+  // it from the layer's token count).
+  int pass_tokens = 2;
   // The streamed engine's L1 prefetch at its start (mmvq_groups_planned's warm range): warm_lines
   // 128-byte lines from warm (128-byte aligned). nullptr: none.
   const uint8_t* warm = nullptr;

@@ -446,9 +446,79 @@ void sweep_split(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<i
   }
 }
 
+// The MMVQ groups of batched layers on the dp4a kernel (cuda::set_mmvq_stream_layer_tokens(8)) or
+// the streamed engine (the default) in passes of the default's tokens, one or two
+// (cuda::set_mmvq_stream_pass_shape), device-route graph replays (events) at each T, each output
+// first required bitwise equal to the default layer's (exit 1 if one differs).
+void sweep_stream_limit(const LayerWeights& w, cuda::MoeLayer& dev,
+                        const std::vector<int64_t>& Ts) {
+  struct Config {
+    const char* name;
+    int64_t limit;
+    int pass_tokens;
+    bool whole_sm;
+  };
+  const Config configs[] = {{"dp4a (before)", 8, 0, false},
+                            {"streamed (default)", 0, 0, false},
+                            {"streamed, 1 token a pass", 0, 1, false},
+                            {"streamed, 2 tokens a pass", 0, 2, false}};
+  std::vector<std::vector<double>> us;
+  for (const Config& cf : configs) {
+    const int64_t lim = cf.limit;
+    cuda::set_mmvq_stream_layer_tokens(lim);
+    cuda::set_mmvq_stream_pass_shape(cf.pass_tokens, cf.whole_sm);
+    std::vector<double> row;
+    for (const int64_t T : Ts) {
+      const std::vector<uint16_t> x =
+          generate_input(static_cast<uint64_t>(3000 + T), T, w.config.dim);
+      const size_t n = static_cast<size_t>(T * w.config.dim);
+      cuda::set_mmvq_stream_layer_tokens(0);
+      cuda::set_mmvq_stream_pass_shape(0, false);
+      MOECHECK_CUDA_CHECK(cudaMemcpy(dev.device_input(T), x.data(), n * 2, cudaMemcpyHostToDevice));
+      dev.graph_forward(T, nullptr);
+      MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto want = bench::to_host<uint16_t>(dev.device_output(), n);
+      cuda::set_mmvq_stream_layer_tokens(lim);
+      cuda::set_mmvq_stream_pass_shape(cf.pass_tokens, cf.whole_sm);
+      // A new layer: graph_forward captures its graph once per T, with the engine of that time.
+      cuda::LayerOptions lo;
+      lo.route = RoutePlace::kDevice;
+      cuda::MoeLayer layer(w, lo);
+      MOECHECK_CUDA_CHECK(
+          cudaMemcpy(layer.device_input(T), x.data(), n * 2, cudaMemcpyHostToDevice));
+      layer.graph_forward(T, nullptr);
+      MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
+      if (bench::to_host<uint16_t>(layer.device_output(), n) != want) {
+        std::fprintf(stderr, "bench: %s changes the output at T=%lld\n", cf.name,
+                     static_cast<long long>(T));
+        std::exit(1);
+      }
+      row.push_back(
+          1e3 * bench::time_ms([&] { layer.graph_forward(T, nullptr); }, 2, reps_for(T), nullptr));
+      std::printf("%s, T=%lld: %.1f us (output equal to the default's)\n", cf.name,
+                  static_cast<long long>(T), row.back());
+    }
+    us.push_back(row);
+  }
+  cuda::set_mmvq_stream_layer_tokens(0);
+  cuda::set_mmvq_stream_pass_shape(0, false);
+  std::printf(
+      "\n### batched_bench: MMVQ groups on the dp4a kernel or the streamed engine (device route, "
+      "graph replay, us)\n\n| T |");
+  for (const Config& cf : configs) std::printf(" %s |", cf.name);
+  std::printf("\n|---|---|---|---|---|\n");
+  for (size_t i = 0; i < Ts.size(); ++i) {
+    std::printf("| %lld |", static_cast<long long>(Ts[i]));
+    for (size_t j = 0; j < us.size(); ++j) std::printf(" %.1f |", us[j][i]);
+    std::printf("\n");
+  }
+}
+
 }  // namespace
 
-int main() {
+// `batched_bench`: the table and the split sweep; `batched_bench engine`: only the MMVQ engine
+// sweep at T = 16, 32, 64 and 512.
+int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a failed check's exit(1) keeps every line printed
   const auto start = Clock::now();
   const double copy = bench::copy_bandwidth_gbs();
@@ -458,6 +528,12 @@ int main() {
   const MoeConfig& c = w.config;
   std::printf("generated ds41 layer 0 (fast blocks) at %.1f s\n", secs(start));
   cuda::LayerOptions lo;
+  if (argc > 1 && std::string(argv[1]) == "engine") {
+    lo.route = RoutePlace::kDevice;
+    cuda::MoeLayer dev(w, lo);
+    sweep_stream_limit(w, dev, {16, 32, 64, 512});
+    return 0;
+  }
   cuda::MoeLayer host(w, lo);
   lo.route = RoutePlace::kDevice;
   cuda::MoeLayer dev(w, lo);

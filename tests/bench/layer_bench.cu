@@ -271,10 +271,13 @@ void report(int replays) {
 // 0 / 1 (shared_side_stream), mmvq_warps = 0 / 4 / 8 / 12 / 16 (cuda::set_mmvq_stream_shape),
 // gu_warps / down_warps = 0 / 4 / 8 / 12 / 16 (gate_up_stream_warps, down_stream_warps),
 // prefetch_plan = 0 / 1 (LayerOptions::prefetch_plan), x_staged = 0 / 1
-// (cuda::set_bf16_gemv_x_staged), tok_blocks = 0..32 (cuda::set_bf16_gemv_tokens_blocks).
+// (cuda::set_bf16_gemv_x_staged), tok_blocks = 0..32 (cuda::set_bf16_gemv_tokens_blocks),
+// stream_tokens = 0.. (cuda::set_mmvq_stream_layer_tokens: the streamed MMVQ above 8 tokens),
+// whole_sm = 0 / 1 and pass_tokens = 0..2 (cuda::set_mmvq_stream_pass_shape; whole_sm first).
 static int trace_graph(const LayerWeights& w, int64_t T, const std::vector<std::string>& kv) {
   cuda::LayerOptions lo;
   lo.route = RoutePlace::kDevice;
+  bool whole_sm = false;
   for (const std::string& a : kv) {
     const size_t eq = a.find('=');
     const std::string k = a.substr(0, eq);
@@ -291,7 +294,12 @@ static int trace_graph(const LayerWeights& w, int64_t T, const std::vector<std::
     else if (k == "prefetch_plan" && (v == 0 || v == 1)) lo.prefetch_plan = v == 1;
     else if (k == "x_staged" && (v == 0 || v == 1)) cuda::set_bf16_gemv_x_staged(v == 1);
     else if (k == "tok_blocks" && v >= 0 && v <= 32) cuda::set_bf16_gemv_tokens_blocks(v);
-    else {
+    else if (k == "stream_tokens" && v >= 0) cuda::set_mmvq_stream_layer_tokens(v);
+    else if (k == "pass_tokens" && v >= 0 && v <= 2) cuda::set_mmvq_stream_pass_shape(v, whole_sm);
+    else if (k == "whole_sm" && (v == 0 || v == 1)) {
+      whole_sm = v == 1;
+      cuda::set_mmvq_stream_pass_shape(0, whole_sm);
+    } else {
       std::fprintf(stderr, "layer_bench trace: unknown option '%s'\n", a.c_str());
       return 2;
     }

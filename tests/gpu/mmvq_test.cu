@@ -42,6 +42,7 @@ void set_engine(int e) {
 }
 
 void reset_engine() {
+  cuda::set_mmvq_stream_pass_shape(0, false);
   cuda::set_mmvq_engine(cuda::MmvqEngine::kStreamed);
   cuda::set_mmvq_stream_shape(0, 0);
   cuda::set_mmvq_rows_per_warp(0);
@@ -192,6 +193,15 @@ TEST_P(MmvqTest, GroupsEqualsEmu_100Seeds) {
     cuda::set_mmvq_rows_per_warp(0);
     ASSERT_TRUE(
         same_f32("mmvq_groups (one row per warp)", dy.host(), want, rows, gputest::repro(seed)));
+    // The streamed engine's passes of one token (its default for layers of up to 8 tokens; this
+    // launch's unknown layer_tokens gave two), with a multiprocessor's whole shared memory.
+    dy.poison();
+    cuda::set_mmvq_stream_pass_shape(1, true);
+    cuda::mmvq_groups(type, dtab.get(), dg.get(), static_cast<int64_t>(groups.size()), max_n,
+                      da.get(), dy.get(), rows, K, warps, nullptr);
+    cuda::set_mmvq_stream_pass_shape(0, false);
+    ASSERT_TRUE(same_f32("mmvq_groups (streamed: one token a pass, whole SM)", dy.host(), want,
+                         rows, gputest::repro(seed)));
   }
 }
 

@@ -6,6 +6,7 @@
 // token: a group run of T rows; most experts with no token) and the K-quant shared expert on
 // MMQ. Contract: docs/numerics.md "mmvq_q2k, mmvq_q3k" (MMQ keeps MMVQ's bits).
 #include "core/error.h"
+#include "cuda/kernels.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/moe_layer_check.h"
 
@@ -80,6 +81,45 @@ TEST(CudaMoeLayerBatched, Ds41_T9_16_63_64_65_Random_HostAndDeviceRoute) {
              {8, RouterVariant::kStaged, true, true, kDevice},
              {4, RouterVariant::kStaged, false, false, kDevice, 0}},
             1600);
+}
+
+// The MMVQ groups of batched layers on each engine and pass shape: the dp4a kernel
+// (cuda::set_mmvq_stream_layer_tokens(8), the default before the streamed engine took them), the
+// streamed engine in passes of one token and of two (cuda::set_mmvq_stream_pass_shape; the
+// default picks one up to 16 tokens and two above, which the other tests of this file run), at T
+// where most groups hold one token and where many hold several, and with one expert taking every
+// token. The same bits as the emulation.
+TEST(CudaMoeLayerBatched, MmvqEngines_Dp4aAndStreamedPasses_Ds41_SmallSkewed) {
+  MOECHECK_REQUIRE_GPU();
+  struct Reset {
+    ~Reset() {
+      cuda::set_mmvq_stream_layer_tokens(0);
+      cuda::set_mmvq_stream_pass_shape(0, false);
+    }
+  } reset;
+  const GenOptions so = preset_options("small");
+  LayerWeights skewed = generate_layer(so, 0);
+  std::vector<float> bias(skewed.bias, skewed.bias + skewed.config.n_routed);
+  bias[3] += 1000.0f;
+  skewed.bias = bias.data();
+  struct Setting {
+    int64_t limit;
+    int pass_tokens;
+  };
+  for (const Setting st : {Setting{8, 0}, Setting{0, 1}, Setting{0, 2}}) {
+    SCOPED_TRACE("stream layer tokens " + std::to_string(st.limit) + ", pass tokens " +
+                 std::to_string(st.pass_tokens));
+    cuda::set_mmvq_stream_layer_tokens(st.limit);
+    cuda::set_mmvq_stream_pass_shape(st.pass_tokens, false);
+    run_layer(preset_options("ds41"), {9, 16, 64, 100},
+              {{8, RouterVariant::kStaged, true, true, kDevice},
+               {8, RouterVariant::kStaged, true, false, kHost}},
+              1700);
+    gputest::run_layer_weights(skewed, so, {9, 64, 130}, batched_variants(), 1701);
+  }
+  EXPECT_THROW(cuda::set_mmvq_stream_layer_tokens(-1), InputError);
+  EXPECT_THROW(cuda::set_mmvq_stream_pass_shape(3, false), InputError);
+  EXPECT_THROW(cuda::set_mmvq_stream_pass_shape(-1, false), InputError);
 }
 
 // max_tokens: buffers allocated at construction; T up to it runs (equal to the emulation), a
