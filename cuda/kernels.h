@@ -55,7 +55,7 @@ void mmvq_experts(GgmlType t, const uint8_t* const* expert_w, int64_t n, const B
 // layer_tokens (both groups forms): the forward's token count when the caller knows it, 0 when
 // not. The streamed engine (the default) takes every groups launch it supports (up to 4096
 // groups: the device-planned gate / up launch up to T = 341 at ds41's top-6, the down launch up
-// to T = 682), in passes of one token for layers of up to 16 tokens and of two above or when
+// to T = 682), in passes of one token for layers of up to 32 tokens and of two above or when
 // layer_tokens is 0 (a pass reads a group's rows once for its tokens); other launches take the
 // dp4a kernel, which shares a row's decode among all its tokens (set_mmvq_stream_layer_tokens
 // moves the limit). No bit depends on it.
@@ -132,7 +132,7 @@ void set_mmvq_blocks_per_sm(int cap);
 // For benchmarks; no bit depends on it. Process-wide, not thread-safe.
 void set_mmvq_stream_layer_tokens(int64_t n);
 // The streamed engine's launches of several-token groups: pass_tokens (1 or 2; 0 the default:
-// one for layers of up to 16 tokens, two above) tokens a pass (the group's rows are read once
+// one for layers of up to 32 tokens, two above) tokens a pass (the group's rows are read once
 // per pass), and whole_sm: request a
 // multiprocessor's whole shared memory, so that no other kernel's block runs beside one of
 // theirs. For benchmarks; no bit depends on either. Process-wide, not thread-safe.

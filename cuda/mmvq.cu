@@ -43,11 +43,12 @@ constexpr int64_t kEveryLayer = std::numeric_limits<int64_t>::max();
 int64_t g_stream_layer_tokens = kEveryLayer;
 
 // The streamed engine's tokens a pass for groups launches (docs/performance.md, "The streamed
-// engine for the batched layers"): one in layers of up to 16 tokens, whose groups mostly hold one
-// and where the one-token pass's lighter code wins (ds41: 0.51 against 0.57 ms at T = 16); two
-// above (1.63 against 1.76 ms at T = 64), and where the layer's size is not known.
+// engine for the batched layers' MMVQ groups"): one in layers of up to 32 tokens, whose groups
+// mostly hold one and where the one-token pass's lighter code wins (ds41: 0.51 against 0.57 ms
+// at T = 16, 0.93 against 0.96 at T = 32); two above (1.63 against 1.75 ms at T = 64), and
+// where the layer's size is not known.
 int stream_pass_tokens(int64_t layer_tokens) {
-  return layer_tokens >= 1 && layer_tokens <= 2 * kMaxGroupRows ? 1 : 2;
+  return layer_tokens >= 1 && layer_tokens <= 4 * kMaxGroupRows ? 1 : 2;
 }
 
 using namespace mmvq_tiles;

@@ -448,8 +448,10 @@ void sweep_split(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<i
 
 // The MMVQ groups of batched layers on the dp4a kernel (cuda::set_mmvq_stream_layer_tokens(8)) or
 // the streamed engine (the default) in passes of the default's tokens, one or two
-// (cuda::set_mmvq_stream_pass_shape), device-route graph replays (events) at each T, each output
-// first required bitwise equal to the default layer's (exit 1 if one differs).
+// (cuda::set_mmvq_stream_pass_shape), and two a pass with 12 warps a block
+// (cuda::set_mmvq_stream_shape: more registers a thread for the two-token kernel),
+// device-route graph replays (events) at each T, each output first required bitwise equal to
+// the default layer's (exit 1 if one differs).
 void sweep_stream_limit(const LayerWeights& w, cuda::MoeLayer& dev,
                         const std::vector<int64_t>& Ts) {
   struct Config {
@@ -457,11 +459,13 @@ void sweep_stream_limit(const LayerWeights& w, cuda::MoeLayer& dev,
     int64_t limit;
     int pass_tokens;
     bool whole_sm;
+    int warps;  // cuda::set_mmvq_stream_shape (0: the default 16)
   };
-  const Config configs[] = {{"dp4a (before)", 8, 0, false},
-                            {"streamed (default)", 0, 0, false},
-                            {"streamed, 1 token a pass", 0, 1, false},
-                            {"streamed, 2 tokens a pass", 0, 2, false}};
+  const Config configs[] = {{"dp4a (before)", 8, 0, false, 0},
+                            {"streamed (default)", 0, 0, false, 0},
+                            {"streamed, 1 token a pass", 0, 1, false, 0},
+                            {"streamed, 2 tokens a pass", 0, 2, false, 0},
+                            {"streamed, 2 tokens a pass, 12 warps", 0, 2, false, 12}};
   std::vector<std::vector<double>> us;
   for (const Config& cf : configs) {
     const int64_t lim = cf.limit;
@@ -474,12 +478,14 @@ void sweep_stream_limit(const LayerWeights& w, cuda::MoeLayer& dev,
       const size_t n = static_cast<size_t>(T * w.config.dim);
       cuda::set_mmvq_stream_layer_tokens(0);
       cuda::set_mmvq_stream_pass_shape(0, false);
+      cuda::set_mmvq_stream_shape(0, 0);
       MOECHECK_CUDA_CHECK(cudaMemcpy(dev.device_input(T), x.data(), n * 2, cudaMemcpyHostToDevice));
       dev.graph_forward(T, nullptr);
       MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
       const auto want = bench::to_host<uint16_t>(dev.device_output(), n);
       cuda::set_mmvq_stream_layer_tokens(lim);
       cuda::set_mmvq_stream_pass_shape(cf.pass_tokens, cf.whole_sm);
+      cuda::set_mmvq_stream_shape(cf.warps, 0);
       // A new layer: graph_forward captures its graph once per T, with the engine of that time.
       cuda::LayerOptions lo;
       lo.route = RoutePlace::kDevice;
@@ -502,11 +508,14 @@ void sweep_stream_limit(const LayerWeights& w, cuda::MoeLayer& dev,
   }
   cuda::set_mmvq_stream_layer_tokens(0);
   cuda::set_mmvq_stream_pass_shape(0, false);
+  cuda::set_mmvq_stream_shape(0, 0);
   std::printf(
       "\n### batched_bench: MMVQ groups on the dp4a kernel or the streamed engine (device route, "
       "graph replay, us)\n\n| T |");
   for (const Config& cf : configs) std::printf(" %s |", cf.name);
-  std::printf("\n|---|---|---|---|---|\n");
+  std::printf("\n|---|");
+  for (size_t j = 0; j < us.size(); ++j) std::printf("---|");
+  std::printf("\n");
   for (size_t i = 0; i < Ts.size(); ++i) {
     std::printf("| %lld |", static_cast<long long>(Ts[i]));
     for (size_t j = 0; j < us.size(); ++j) std::printf(" %.1f |", us[j][i]);

@@ -86,7 +86,7 @@ TEST(CudaMoeLayerBatched, Ds41_T9_16_63_64_65_Random_HostAndDeviceRoute) {
 // The MMVQ groups of batched layers on each engine and pass shape: the dp4a kernel
 // (cuda::set_mmvq_stream_layer_tokens(8), the default before the streamed engine took them), the
 // streamed engine in passes of one token and of two (cuda::set_mmvq_stream_pass_shape; the
-// default picks one up to 16 tokens and two above, which the other tests of this file run), at T
+// default picks one up to 32 tokens and two above, which the other tests of this file run), at T
 // where most groups hold one token and where many hold several, and with one expert taking every
 // token. The same bits as the emulation.
 TEST(CudaMoeLayerBatched, MmvqEngines_Dp4aAndStreamedPasses_Ds41_SmallSkewed) {
