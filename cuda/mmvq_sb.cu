@@ -247,6 +247,18 @@ struct TokActs {
   int stride;  // bytes between consecutive tokens' slots
 };
 
+// Token i's staged activation of the super-block's unit b: its quants (values 0-15 in x0, 16-31
+// in x1) and {d8, half sums, -4 a0, -4 a1} in m.
+struct UnitAct {
+  uint4 x0, x1;
+  int4 m;
+};
+__device__ __forceinline__ UnitAct unit_act(const TokActs& ta, int i, int b) {
+  const uint8_t* aq = ta.aq + i * ta.stride + 32 * b;
+  return {*reinterpret_cast<const uint4*>(aq), *reinterpret_cast<const uint4*>(aq + 16),
+          *reinterpret_cast<const int4*>(ta.am + i * ta.stride + 16 * b)};
+}
+
 // One whole super-block of the lane's row: the block's words from shared offset blk of the
 // stage (2-byte aligned; kAligned: 4), its eight units into the chains of kN tokens (acc[i],
 // i < kN). Token i's staged activation of the super-block's unit 0 is at ta.aq + i ta.stride
@@ -268,12 +280,9 @@ __device__ __forceinline__ void super_block(const uint8_t* st, int blk, const To
       const uint32_t sw = w[b >> 1];
 #pragma unroll
       for (int i = 0; i < kN; ++i) {
-        const uint8_t* aq = ta.aq + i * ta.stride + 32 * b;
-        const uint4 x0 = *reinterpret_cast<const uint4*>(aq);
-        const uint4 x1 = *reinterpret_cast<const uint4*>(aq + 16);
-        const int4 m = *reinterpret_cast<const int4*>(ta.am + i * ta.stride + 16 * b);
-        const float t = q2k_t_masked(mq, s, sw, d, dmin, x0, x1, m.y, (b & 1) != 0);
-        acc[i][b] = fma_rn(__int_as_float(m.x), t, acc[i][b]);
+        const UnitAct u = unit_act(ta, i, b);
+        const float t = q2k_t_masked(mq, s, sw, d, dmin, u.x0, u.x1, u.m.y, (b & 1) != 0);
+        acc[i][b] = fma_rn(__int_as_float(u.m.x), t, acc[i][b]);
       }
     }
   } else {
@@ -290,12 +299,9 @@ __device__ __forceinline__ void super_block(const uint8_t* st, int blk, const To
       mask_words(w, 0x01010101u << b, mh);
 #pragma unroll
       for (int i = 0; i < kN; ++i) {
-        const uint8_t* aq = ta.aq + i * ta.stride + 32 * b;
-        const uint4 x0 = *reinterpret_cast<const uint4*>(aq);
-        const uint4 x1 = *reinterpret_cast<const uint4*>(aq + 16);
-        const int4 m = *reinterpret_cast<const int4*>(ta.am + i * ta.stride + 16 * b);
-        const float t = q3k_t_masked(ml, mh, b, S[b >> 1], d, x0, x1, m, (b & 1) != 0);
-        acc[i][b] = fma_rn(__int_as_float(m.x), t, acc[i][b]);
+        const UnitAct u = unit_act(ta, i, b);
+        const float t = q3k_t_masked(ml, mh, b, S[b >> 1], d, u.x0, u.x1, u.m, (b & 1) != 0);
+        acc[i][b] = fma_rn(__int_as_float(u.m.x), t, acc[i][b]);
       }
     }
   }
