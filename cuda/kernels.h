@@ -133,9 +133,9 @@ void set_mmvq_blocks_per_sm(int cap);
 void set_mmvq_stream_layer_tokens(int64_t n);
 // The streamed engine's launches of several-token groups: pass_tokens (1 or 2; 0 the default:
 // one for layers of up to 32 tokens, two above) tokens a pass (the group's rows are read once
-// per pass), and whole_sm: request a
-// multiprocessor's whole shared memory, so that no other kernel's block runs beside one of
-// theirs. For benchmarks; no bit depends on either. Process-wide, not thread-safe.
+// per pass), and whole_sm: request a multiprocessor's whole shared memory, so that no other
+// kernel's block runs beside one of theirs. For benchmarks and tests; no bit depends on either.
+// Process-wide, not thread-safe.
 void set_mmvq_stream_pass_shape(int pass_tokens, bool whole_sm);
 // The dp4a kernel's rows per warp: 0 (the default) two wherever the doubled tiles fit in shared
 // memory, 1 always one (the kernel's fallback, so that tests reach it). No bit depends on it.

@@ -59,9 +59,8 @@ constexpr int kPassRows = 8;  // rows per pass: lane = 4 row + class
 constexpr int kChunkSb = 4;   // super-blocks per row and step: one per class sb % 4
 constexpr int kSmemMax = 227 * 1024;
 constexpr int kDefaultWarps = 16, kDefaultStages = 3;
-// Launches with groups of several tokens: the most tokens a pass computes (its chunk), 1, 2 or 4.
+// Launches with groups of several tokens: the most tokens a pass computes (its chunk).
 constexpr int kPassTokens = 2;
-static_assert(kPassTokens == 1 || kPassTokens == 2 || kPassTokens == 4);
 // Groups of several tokens: the most groups a launch may have (the blocks' prefix of their token
 // counts, 16 KB of shared memory).
 constexpr int64_t kMaxPrefixGroups = 4096;
@@ -313,11 +312,8 @@ template <GgmlType kType, bool kAligned, int kTok>
 __device__ __forceinline__ void tokens_super_block(int ntok, const uint8_t* st, int blk,
                                                    const uint8_t* aq, const uint8_t* am, int stride,
                                                    float (&acc)[kTok][8]) {
-  if constexpr (kTok >= 4) {
-    if (ntok >= 4) return super_block<kType, kAligned, 4, kTok>(st, blk, {aq, am, stride}, acc);
-    if (ntok == 3) return super_block<kType, kAligned, 3, kTok>(st, blk, {aq, am, stride}, acc);
-  }
-  if constexpr (kTok >= 2) {
+  static_assert(kTok == 1 || kTok == 2);
+  if constexpr (kTok == 2) {
     if (ntok == 2) return super_block<kType, kAligned, 2, kTok>(st, blk, {aq, am, stride}, acc);
   }
   super_block<kType, kAligned, 1, kTok>(st, blk, {aq, am, stride}, acc);
@@ -390,7 +386,6 @@ struct Pairs {
   const int32_t* pre;   // nullptr: every group one token
   const int32_t* cpre;  // chunks before group g (with pre)
   int64_t groups;       // live groups
-  int ct;               // tokens a chunk (1 .. kTok)
 
   __device__ __forceinline__ int64_t chunks() const {
     if (p.form == Form::kPlain) return p.T;
@@ -422,16 +417,17 @@ struct Pairs {
     }
     if (g < 0) g = 0;
     while (cpre[g + 1] <= ci) ++g;
-    tok0 = ct * static_cast<int>(ci - cpre[g]);
+    tok0 = kTok * static_cast<int>(ci - cpre[g]);
     const int n = pre[g + 1] - pre[g] - tok0;
-    ntok = n < ct ? n : ct;
+    ntok = n < kTok ? n : kTok;
     pi = pre[g] + tok0;
   }
 };
 
-// pre[0..G] of the live groups' token counts and cpre[0..G] of their chunks of ct tokens, by
+// pre[0..G] of the live groups' token counts and cpre[0..G] of their chunks of kTok tokens, by
 // warp 0 (the caller synchronises the block).
-__device__ __forceinline__ void build_prefix(const MmvqParams& p, int64_t G, int ct, int32_t* pre,
+template <int kTok>
+__device__ __forceinline__ void build_prefix(const MmvqParams& p, int64_t G, int32_t* pre,
                                              int32_t* cpre) {
   const int lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
   int32_t base = 0, cbase = 0;
@@ -439,7 +435,7 @@ __device__ __forceinline__ void build_prefix(const MmvqParams& p, int64_t G, int
   for (int64_t g0 = 0; g0 < G; g0 += kWarpSize) {
     const int64_t g = g0 + lane;
     int v = g < G ? __ldg(&stored_group(p, g)->n) : 0;
-    int cv = (v + ct - 1) / ct;
+    int cv = (v + kTok - 1) / kTok;
 #pragma unroll
     for (int o = 1; o < kWarpSize; o *= 2) {
       const int u = __shfl_up_sync(0xFFFFFFFFu, v, o);
@@ -493,10 +489,10 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   if constexpr (kPrefix) {
     pre = act_rows + n_act;
     cpre = pre + p.n_groups + 1;
-    if (warp == 0) build_prefix(p, G, kTok, pre, cpre);
+    if (warp == 0) build_prefix<kTok>(p, G, pre, cpre);
     __syncthreads();
   }
-  const Pairs<kTok> pairs{p, pre, cpre, G, kTok};
+  const Pairs<kTok> pairs{p, pre, cpre, G};
   const int passes = static_cast<int>((p.rows + kPassRows - 1) / kPassRows);
   const int64_t total = passes * pairs.chunks();
   const int64_t b0 = total * blockIdx.x / gridDim.x, b1 = total * (blockIdx.x + 1) / gridDim.x;
