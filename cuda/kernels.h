@@ -54,11 +54,11 @@ void mmvq_experts(GgmlType t, const uint8_t* const* expert_w, int64_t n, const B
 // max_n (1..8) bounds every group's n and sizes the shared memory (a larger group traps).
 // layer_tokens (both groups forms): the forward's token count when the caller knows it, 0 when
 // not. The streamed engine (the default) takes every groups launch it supports (up to 4096
-// groups: the device-planned gate / up launch up to T = 341 at ds41's top-6, the down launch up
-// to T = 682), in passes of one token for layers of up to 32 tokens and of two above or when
-// layer_tokens is 0 (a pass reads a group's rows once for its tokens); other launches take the
-// dp4a kernel, which shares a row's decode among all its tokens (set_mmvq_stream_layer_tokens
-// moves the limit). No bit depends on it.
+// groups; the device route bounds its launches' groups by n_routed, see mmvq_groups_planned),
+// except Q2_K launches of layers above 341 tokens, in passes of one token for layers of up to 32
+// tokens and of two above or when layer_tokens is 0 (a pass reads a group's rows once for its
+// tokens); other launches take the dp4a kernel, which shares a row's decode among all its
+// tokens (set_mmvq_stream_layer_tokens moves the limits). No bit depends on it.
 void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups, int64_t n_groups,
                  int max_n, const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
                  void* stream, int64_t layer_tokens = 0);
@@ -73,12 +73,16 @@ void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* group
 // set_mmvq_stream_shape's). warm, warm_bytes (optional): a device range holding the plan (the
 // count, the groups, the slot table), which the streamed engine's blocks prefetch into L1 when
 // they start, so that the chain count -> group -> slot pointer -> copy costs one round trip to
-// L2 instead of three. No bit depends on either.
+// L2 instead of three. No bit depends on either. max_groups (optional, 0: proj_stride): a bound
+// on each projection's live count that the caller can promise (the driver's MMVQ groups are one
+// per used expert, so at most n_routed); the launch sizes the streamed engine's group prefix by
+// it, so that large layers keep the streamed engine, and the kernels trap on a count above it.
 void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups,
                          const int32_t* count, int n_proj, int64_t proj_stride, int max_n,
                          const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
                          void* stream, int64_t layer_tokens = 0, int stream_warps = 0,
-                         const void* warm = nullptr, int64_t warm_bytes = 0);
+                         const void* warm = nullptr, int64_t warm_bytes = 0,
+                         int64_t max_groups = 0);
 
 // ---- mmq (cuda/mmq.cu): the batched form, for experts with more rows than one group ----
 // The same bits as mmvq_groups on the same groups (docs/numerics.md "mmvq_q2k, mmvq_q3k"),
@@ -128,9 +132,12 @@ void set_mmvq_stream_shape(int warps, int stages);
 // it. Process-wide, for benchmarks; not thread-safe.
 void set_mmvq_blocks_per_sm(int cap);
 // The largest layer_tokens (the groups forms' argument) whose launches take the streamed engine:
-// n >= 1, or 0 for the default (every layer; 8 gives the layers above 8 tokens the dp4a kernel).
+// n >= 1, or 0 for the defaults (Q2_K: 341; Q3_K: every layer; 8 gives the layers above 8
+// tokens the dp4a kernel).
 // For benchmarks; no bit depends on it. Process-wide, not thread-safe.
 void set_mmvq_stream_layer_tokens(int64_t n);
+// The same limit for the launches of one weight type only (Q2_K or Q3_K; else InputError).
+void set_mmvq_stream_layer_tokens(int64_t n, GgmlType t);
 // The streamed engine's launches of several-token groups: pass_tokens (1 or 2; 0 the default:
 // one for layers of up to 32 tokens, two above) tokens a pass (the group's rows are read once
 // per pass), and whole_sm: request a multiprocessor's whole shared memory, so that no other

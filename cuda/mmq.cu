@@ -4,24 +4,32 @@
 // parts and order exactly docs/numerics.md "mmvq_q2k, mmvq_q3k" ("mmq" there): the same bits
 // as mmvq and emu::mmvq for every (row, token), whatever the grouping.
 //
-// Work. An item is 64 consecutive rows (a block tile) of one group's matrix against the
-// group's n <= 8 token rows; a persistent grid walks the items (row tile major, so the blocks
-// running together read the same rows for the groups of one expert, from L2). K is walked in
-// rounds of 4 super-blocks (32 q8_1 units, one per contract lane), double-buffered
-// in shared memory by 16-byte cp.async: per row the 16-byte-aligned cover of the round's blocks
-// (a row's phase is its address mod 16), per token the round's 32 q8_1 blocks.
-// Warps. 8 warps: row warp wr (0, 1) owns rows 32 wr .. 32 wr + 31 of the tile (two 16-row mma
-// tiles), class warp wc (0..3) owns the units b = 2 wc, 2 wc + 1 of every super-block, i.e. the
+// Work. Items are counted per 32-row tile, projection and group position gi of the live range.
+// Groups gi and gi + 1 (gi even) that read the same slot (the plan's consecutive groups of one
+// expert) form a pair item: 32 rows against 16 token columns, each weight fragment feeding the
+// products of both 8-column halves, so a row's decode is shared by 16 tokens. Any other group is
+// a single item of 64 rows (two 16-row mma tiles a warp) against its 8 columns, counted at its
+// even row tile. The items another item computes (a pair's second group, a single group's odd
+// row tile) are skipped; the plain form's column blocks of 16 tokens are pairs of 8-token
+// halves, the last one single when it holds 8 tokens or fewer. A persistent grid (an odd count
+// of blocks, so that a block's items alternate between the two parities) walks the items row
+// tile major, so the blocks running together read the same rows for the groups of one expert,
+// from L2. K is walked in rounds of 4 super-blocks (32 q8_1 units, one per contract lane),
+// double-buffered in shared memory by 16-byte cp.async: per row the 16-byte-aligned cover of
+// the round's blocks (a row's phase is its address mod 16), per token the round's 32 q8_1
+// blocks.
+// Warps. 8 warps: row warp wr (0, 1) owns 16 rows (pair items) or 32 rows (single items) of the
+// item, class warp wc (0..3) owns the units b = 2 wc, 2 wc + 1 of every super-block, i.e. the
 // contract lanes l = 8 a + b (a = sb % 4): its lanes keep those 8 lanes' chains acc[a][b] for
-// their 4 outputs per mma tile and extend them in increasing unit, as the contract's lane l
-// does. At the end of an item the butterfly's tree is replayed: levels 16 and 8 (over a) in
-// registers, giving Q(b) = (v[b] + v[16 + b]) + (v[8 + b] + v[24 + b]); level 4 (b ^ 4: class
+// their 4 outputs per 16 x 8 mma tile and extend them in increasing unit, as the contract's
+// lane l does. At the end of an item the butterfly's tree is replayed: levels 16 and 8 (over a)
+// in registers, giving Q(b) = (v[b] + v[16 + b]) + (v[8 + b] + v[24 + b]); level 4 (b ^ 4: class
 // warp wc ^ 2) and level 2 (b ^ 2: wc ^ 1) through shared memory; level 1 (b ^ 1) in registers.
 // Float addition is commutative, so each sum equals the butterfly's lane-0 value bit for bit.
 // Ragged rows: the checked variant (rows not a multiple of 64) skips loads and stores of rows
-// past the end; token columns past n are never stored. Reads: each row's cover may reach up to
-// 15 bytes past its last block, inside the 16-byte chunk holding it (weight buffers are
-// allocated with 16 bytes of slack; see cuda::mmq_groups).
+// past the end; token columns past a half's n are never stored. Reads: each row's cover may
+// reach up to 15 bytes past its last block, inside the 16-byte chunk holding it (weight buffers
+// are allocated with 16 bytes of slack; see cuda::mmq_groups).
 #include <string>
 
 #include "core/error.h"
@@ -35,8 +43,11 @@ namespace {
 
 using namespace mmq_tile;
 
-constexpr int kRowWarps = 2, kClassWarps = 4, kTiles = 2;
-constexpr int kTileRows = kRowWarps * kTiles * 16;             // 64 rows per item
+constexpr int kRowWarps = 2, kClassWarps = 4;
+constexpr int kParts = 2;      // a pair item's 8-column halves, a single item's 16-row tiles a warp
+constexpr int kTileRows = 32;  // the row tile items are counted in (a single item takes two)
+constexpr int kWideRows = 2 * kTileRows;
+constexpr int kItemCols = 2 * kMaxGroupRows;                   // a pair item's token columns
 constexpr int kThreads = kRowWarps * kClassWarps * kWarpSize;  // 256
 constexpr int kSbPerRound = 4;
 constexpr int kActStride = 32 * 36 + 16;  // bytes per token per round (1168 = 4 x 73 words)
@@ -47,18 +58,19 @@ struct Q {
   // Bytes per row per round: the cover of 4 blocks plus a 16-byte phase, 4 x odd words (no
   // bank conflicts between the 8 row lanes of a fragment).
   static constexpr int kStride = kQ2K ? 368 : 496;
-  static constexpr int kWeights = kTileRows * kStride;
-  static constexpr int kStage = kWeights + kMaxGroupRows * kActStride;
+  static constexpr int kWeights = kWideRows * kStride;  // room for a single item's 64 rows
+  static constexpr int kStage = kWeights + kItemCols * kActStride;
   static constexpr int kSmem = 2 * kStage + kRowWarps * 2 * kWarpSize * 16 * 4;
 };
 
 struct MmqArgs {
   const uint8_t* const* slots;  // device slot table (groups), or nullptr (plain)
-  const MmvqGroup* groups;      // nullptr: plain form, group g = tokens 8g .. 8g + 7 of w
+  const MmvqGroup* groups;      // nullptr: plain form, column block g = tokens 16g .. 16g + 15
   const uint8_t* w;             // plain form's matrix
   int64_t T;                    // plain form's token count
   const int32_t* dev_range;     // nullable: the live groups [range[3], range[1]) per projection
-  int64_t g_begin, g_end;       // the groups per projection (when dev_range is null)
+  int64_t g_begin, g_end;       // the groups per projection (when dev_range is null); plain
+                                // form: its column blocks
   int64_t proj_stride;
   int n_proj;
   const BlockQ8_1* a;
@@ -66,35 +78,66 @@ struct MmqArgs {
   int64_t rows, K;
 };
 
+// An item: one matrix against up to 16 token columns in two halves of 8 (half h: n[h] tokens;
+// groups form: the halves are groups g[0] and g[0] + 1, their a_row and y_row; plain form: g
+// nullptr, rows t0 + column). Pair items (wide false): rows row0 .. row0 + 31, both halves.
+// Single items (wide, n[1] = 0): rows row0 .. row0 + 63, half 0 only.
 struct Item {
   const uint8_t* w;
-  int n;
-  const int32_t* a_row;  // nullptr: rows t0 + i
-  const int32_t* y_row;
+  const MmvqGroup* g;
+  int n[2];
   int t0;
-  int64_t row0;
+  int row0;
+  bool wide;
 };
 
-__device__ __forceinline__ Item item_of(const MmqArgs& p, int64_t it, int64_t ng, int64_t g0) {
+__device__ __forceinline__ int32_t item_a_row(const Item& m, bool h1, int i) {
+  return m.g != nullptr ? m.g[h1 ? 1 : 0].a_row[i] : m.t0 + (h1 ? kMaxGroupRows : 0) + i;
+}
+__device__ __forceinline__ int32_t item_y_row(const Item& m, bool h1, int i) {
+  return m.g != nullptr ? m.g[h1 ? 1 : 0].y_row[i] : m.t0 + (h1 ? kMaxGroupRows : 0) + i;
+}
+
+// Item `it` of the launch (32-row tile rt, projection, group position gi), or false when another
+// item computes its outputs: the second group of a pair (gi odd, and group gi - 1 reads the same
+// slot), or the odd row tile of a single group (its even tile's item takes 64 rows).
+__device__ __forceinline__ bool item_of(const MmqArgs& p, int64_t it, int64_t ng, int64_t g0,
+                                        Item& m) {
   const int64_t per_tile = ng * p.n_proj;
   const int64_t rt = it / per_tile, rem = it % per_tile;
-  const int64_t proj = rem / ng, g = g0 + rem % ng;
-  Item m;
-  m.row0 = rt * kTileRows;
+  const int64_t proj = rem / ng, gi = rem % ng;
+  m.row0 = static_cast<int>(rt * kTileRows);
   if (p.groups == nullptr) {
     m.w = p.w;
-    m.t0 = static_cast<int>(g * kMaxGroupRows);
-    m.n = static_cast<int>(p.T - m.t0 < kMaxGroupRows ? p.T - m.t0 : kMaxGroupRows);
-    m.a_row = m.y_row = nullptr;
+    m.g = nullptr;
+    m.t0 = static_cast<int>(gi * kItemCols);
+    const int64_t left = p.T - m.t0;
+    m.n[0] = static_cast<int>(left < kMaxGroupRows ? left : kMaxGroupRows);
+    m.n[1] = static_cast<int>(left - kMaxGroupRows <= 0              ? 0
+                              : left - kMaxGroupRows < kMaxGroupRows ? left - kMaxGroupRows
+                                                                     : kMaxGroupRows);
   } else {
-    const MmvqGroup& G = p.groups[proj * p.proj_stride + g];
-    m.w = p.slots[G.slot];
-    m.n = G.n;
-    m.a_row = G.a_row;
-    m.y_row = G.y_row;
+    const MmvqGroup* base = p.groups + proj * p.proj_stride + g0;
+    const int32_t slot = __ldg(&base[gi].slot);
+    const bool odd = (gi & 1) != 0;
+    const int64_t other = odd ? gi - 1 : gi + 1;  // the pair partner's position
+    const bool paired = other < ng && __ldg(&base[other].slot) == slot;
+    if (odd && paired) return false;
+    m.w = p.slots[slot];
+    m.g = base + gi;
     m.t0 = 0;
+    m.n[0] = __ldg(&base[gi].n);
+    m.n[1] = paired ? __ldg(&base[gi + 1].n) : 0;
   }
-  return m;
+  m.wide = m.n[1] == 0;
+  return !m.wide || (rt & 1) == 0;
+}
+
+// The first item at or after `it` (stepping by the grid) that computes outputs.
+__device__ __forceinline__ int64_t next_item(const MmqArgs& p, int64_t it, int64_t items,
+                                             int64_t ng, int64_t g0, Item& m) {
+  while (it < items && !item_of(p, it, ng, g0, m)) it += gridDim.x;
+  return it;
 }
 
 __device__ __forceinline__ void cp_async16(uint8_t* dst, const void* src) {
@@ -104,13 +147,16 @@ __device__ __forceinline__ void cp_async16(uint8_t* dst, const void* src) {
 }
 
 // Round r of item m into stage buffer `st`: per row the 16-byte chunks covering its blocks
-// 4r .. 4r + nsb_r - 1, per token its q8_1 blocks 32r .. 32r + 8 nsb_r - 1.
+// 4r .. 4r + nsb_r - 1, per token column its q8_1 blocks 32r .. 32r + 8 nsb_r - 1. Pair items:
+// 8 threads a row (32 rows), 16 a column (16 columns); single items: 4 a row (64), 32 a column
+// (8).
 template <bool kQ2K, bool kCheck>
 __device__ void load_round(const MmqArgs& p, const Item& m, int r, int nsb, uint8_t* st) {
-  static_assert(kThreads == 4 * kTileRows && kThreads == kWarpSize * kMaxGroupRows,
-                "four threads per weight row, one warp per token");
+  static_assert(kThreads == 8 * kTileRows && kThreads == 4 * kWideRows &&
+                kThreads == 16 * kItemCols && kThreads == kWarpSize * kMaxGroupRows);
   const int nsb_r = nsb - kSbPerRound * r < kSbPerRound ? nsb - kSbPerRound * r : kSbPerRound;
-  const int row = threadIdx.x / 4;
+  const int tpr = m.wide ? 4 : 8, tpc = m.wide ? 32 : 16;
+  const int row = static_cast<int>(threadIdx.x) / tpr;
   if (!kCheck || m.row0 + row < p.rows) {
     const int64_t row_bytes = static_cast<int64_t>(nsb) * Q<kQ2K>::kBlock;
     const uintptr_t src = reinterpret_cast<uintptr_t>(m.w) +
@@ -119,37 +165,42 @@ __device__ void load_round(const MmqArgs& p, const Item& m, int r, int nsb, uint
     const uintptr_t a16 = src & ~uintptr_t{15};
     const int chunks = static_cast<int>((src + nsb_r * Q<kQ2K>::kBlock - a16 + 15) / 16);
     uint8_t* dst = st + row * Q<kQ2K>::kStride;
-    for (int ch = threadIdx.x % 4; ch < chunks; ch += 4)
+    for (int ch = static_cast<int>(threadIdx.x) % tpr; ch < chunks; ch += tpr)
       cp_async16(dst + 16 * ch, reinterpret_cast<const void*>(a16 + 16 * ch));
   }
-  const int t = threadIdx.x / kWarpSize;
-  if (t < m.n) {
-    const int64_t arow = m.a_row != nullptr ? m.a_row[t] : m.t0 + t;
+  const int col = static_cast<int>(threadIdx.x) / tpc, i = col % kMaxGroupRows;
+  const bool h1 = col >= kMaxGroupRows;  // selects, not a run-time index into the item
+  if (i < (h1 ? m.n[1] : m.n[0])) {
+    const int64_t arow = item_a_row(m, h1, i);
     const uint8_t* src = reinterpret_cast<const uint8_t*>(p.a + arow * (p.K / kQK8_1) + 32 * r);
-    uint8_t* dst = st + Q<kQ2K>::kWeights + t * kActStride;
+    uint8_t* dst = st + Q<kQ2K>::kWeights + col * kActStride;
     const int chunks = nsb_r * 18;  // 8 blocks of 36 bytes per super-block: 18 chunks
-    for (int ch = threadIdx.x % kWarpSize; ch < chunks; ch += kWarpSize)
+    for (int ch = static_cast<int>(threadIdx.x) % tpc; ch < chunks; ch += tpc)
       cp_async16(dst + 16 * ch, src + 16 * ch);
   }
   asm volatile("cp.async.commit_group;");
 }
 
-// The lane's chains for round r from stage buffer st: acc[tile][a][bb][output].
-template <bool kQ2K>
+// The lane's chains for round r from stage buffer st: acc[a][bb][part][output], part the half
+// (pair items) or the 16-row tile (single items, kWide).
+template <bool kQ2K, bool kWide>
 __device__ __forceinline__ void compute_round(const Item& m, int r, int nsb, const uint8_t* st,
-                                              float (&acc)[kTiles][4][2][4]) {
+                                              float (&acc)[4][2][kParts][4]) {
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int wr = warp / kClassWarps, wc = warp % kClassWarps, g = lane / 4, c = lane % 4;
   const int nsb_r = nsb - kSbPerRound * r < kSbPerRound ? nsb - kSbPerRound * r : kSbPerRound;
   const uint32_t row_bytes = static_cast<uint32_t>(nsb) * Q<kQ2K>::kBlock;
   const uint8_t* act = st + Q<kQ2K>::kWeights;
-  int ph[kTiles][2];  // each row's phase: its round start's address mod 16 (32-bit arithmetic
-                      // suffices: only the low 4 bits are used)
+  const int halves = !kWide && m.n[1] > 0 ? 2 : 1;
+  constexpr int kTiles = kWide ? 2 : 1;  // 16-row mma tiles of the warp
+  // Each row's phase: its round start's address mod 16 (32-bit arithmetic suffices: only the
+  // low 4 bits are used).
+  int ph[kTiles][2];
 #pragma unroll
   for (int tl = 0; tl < kTiles; ++tl)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = wr * 32 + tl * 16 + g + 8 * h;
+      const int row = wr * 16 * kTiles + tl * 16 + g + 8 * h;
       const uint32_t src = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(m.w)) +
                            static_cast<uint32_t>(m.row0 + row) * row_bytes +
                            static_cast<uint32_t>(r * kSbPerRound * Q<kQ2K>::kBlock);
@@ -158,43 +209,61 @@ __device__ __forceinline__ void compute_round(const Item& m, int r, int nsb, con
 #pragma unroll
   for (int a = 0; a < kSbPerRound; ++a) {
     if (a >= nsb_r) break;
-    uint32_t b0[2], b1[2];  // the token columns' quants of units 8a + 2wc + bb
-    float d8[2][2];
+    uint32_t b0[2][kParts], b1[2][kParts];  // the token columns' quants of units 8a + 2wc + bb
+    float d8[2][kParts][2];
 #pragma unroll
     for (int bb = 0; bb < 2; ++bb) {
       const int u = 8 * a + 2 * wc + bb;
-      const uint8_t* blk = act + g * kActStride + 36 * u;
-      b0[bb] = *reinterpret_cast<const uint32_t*>(blk + 4 + 4 * c);
-      b1[bb] = *reinterpret_cast<const uint32_t*>(blk + 20 + 4 * c);
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-        d8[bb][j] = f16_operand(lds_u16(act, (2 * c + j) * kActStride + 36 * u));
+      for (int hf = 0; hf < kParts; ++hf) {
+        if (hf >= halves) break;
+        const uint8_t* blk = act + (8 * hf + g) * kActStride + 36 * u;
+        b0[bb][hf] = *reinterpret_cast<const uint32_t*>(blk + 4 + 4 * c);
+        b1[bb][hf] = *reinterpret_cast<const uint32_t*>(blk + 20 + 4 * c);
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          d8[bb][hf][j] = f16_operand(lds_u16(act, (8 * hf + 2 * c + j) * kActStride + 36 * u));
+      }
     }
 #pragma unroll
     for (int tl = 0; tl < kTiles; ++tl) {
       const RowSb r0 = row_sb<kQ2K>(st, ph[tl][0] + a * Q<kQ2K>::kBlock, wc, c);
       const RowSb r1 = row_sb<kQ2K>(st, ph[tl][1] + a * Q<kQ2K>::kBlock, wc, c);
-      unit_chain<kQ2K, 0>(r0, r1, 2 * wc, b0[0], b1[0], d8[0], acc[tl][a][0]);
-      unit_chain<kQ2K, 1>(r0, r1, 2 * wc + 1, b0[1], b1[1], d8[1], acc[tl][a][1]);
+      if constexpr (kWide) {  // tile tl's chains against half 0
+        using One = float[1][4];
+        using OneW = uint32_t[1];
+        using OneD = float[1][2];
+        unit_chain<kQ2K, 0>(r0, r1, 2 * wc, 1, reinterpret_cast<const OneW&>(b0[0][0]),
+                            reinterpret_cast<const OneW&>(b1[0][0]),
+                            reinterpret_cast<const OneD&>(d8[0][0]),
+                            reinterpret_cast<One&>(acc[a][0][tl]));
+        unit_chain<kQ2K, 1>(r0, r1, 2 * wc + 1, 1, reinterpret_cast<const OneW&>(b0[1][0]),
+                            reinterpret_cast<const OneW&>(b1[1][0]),
+                            reinterpret_cast<const OneD&>(d8[1][0]),
+                            reinterpret_cast<One&>(acc[a][1][tl]));
+      } else {
+        unit_chain<kQ2K, 0>(r0, r1, 2 * wc, halves, b0[0], b1[0], d8[0], acc[a][0]);
+        unit_chain<kQ2K, 1>(r0, r1, 2 * wc + 1, halves, b0[1], b1[1], d8[1], acc[a][1]);
+      }
     }
   }
 }
 
 // The butterfly's tree over the lane's chains (header), then the stores of class warp 0.
 template <bool kCheck>
-__device__ void finish_item(const MmqArgs& p, const Item& m, float (&acc)[kTiles][4][2][4],
+__device__ void finish_item(const MmqArgs& p, const Item& m, float (&acc)[4][2][kParts][4],
                             float* xch) {
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int wr = warp / kClassWarps, wc = warp % kClassWarps, g = lane / 4, c = lane % 4;
-  float q[kTiles][2][4];  // Q(2 wc + bb) per output
+  float q[kParts][2][4];  // Q(2 wc + bb) per output
 #pragma unroll
-  for (int tl = 0; tl < kTiles; ++tl)
+  for (int x = 0; x < kParts; ++x)
 #pragma unroll
     for (int bb = 0; bb < 2; ++bb)
 #pragma unroll
       for (int o = 0; o < 4; ++o)
-        q[tl][bb][o] = add_rn(add_rn(acc[tl][0][bb][o], acc[tl][2][bb][o]),
-                              add_rn(acc[tl][1][bb][o], acc[tl][3][bb][o]));
+        q[x][bb][o] = add_rn(add_rn(acc[0][bb][x][o], acc[2][bb][x][o]),
+                             add_rn(acc[1][bb][x][o], acc[3][bb][x][o]));
   // xch: [row warp][2 slots][32 lanes][16 values]
   float* mine = xch + ((wr * 2 + (wc & 1)) * kWarpSize + lane) * 16;
   if (wc >= 2) {  // level 4: b ^ 4 lives in class warp wc ^ 2
@@ -216,15 +285,17 @@ __device__ void finish_item(const MmqArgs& p, const Item& m, float (&acc)[kTiles
   if (wc == 0) {
     const float* other = xch + ((wr * 2 + 1) * kWarpSize + lane) * 16;
 #pragma unroll
-    for (int tl = 0; tl < kTiles; ++tl)
+    for (int x = 0; x < kParts; ++x)
 #pragma unroll
       for (int o = 0; o < 4; ++o) {
-        const float s0 = add_rn(q[tl][0][o], other[tl * 8 + o]);      // S(0) = R(0) + R(2)
-        const float s1 = add_rn(q[tl][1][o], other[tl * 8 + 4 + o]);  // S(1) = R(1) + R(3)
-        const int col = 2 * c + (o & 1);
-        const int64_t row = m.row0 + wr * 32 + tl * 16 + g + 8 * (o >> 1);
-        if (col < m.n && (!kCheck || row < p.rows)) {
-          const int64_t yr = m.y_row != nullptr ? m.y_row[col] : m.t0 + col;
+        const float s0 = add_rn(q[x][0][o], other[x * 8 + o]);      // S(0) = R(0) + R(2)
+        const float s1 = add_rn(q[x][1][o], other[x * 8 + 4 + o]);  // S(1) = R(1) + R(3)
+        const int i = 2 * c + (o & 1);                              // the column within its half
+        // Pair items: half x of rows 16 wr ..; single items: tile x of rows 32 wr .., half 0.
+        const bool h1 = !m.wide && x == 1;
+        const int64_t row = m.row0 + (m.wide ? wr * 32 + x * 16 : wr * 16) + g + 8 * (o >> 1);
+        if (i < (h1 ? m.n[1] : m.n[0]) && (!kCheck || row < p.rows)) {
+          const int64_t yr = item_y_row(m, h1, i);
           p.y[yr * p.rows + row] = add_rn(s0, s1);  // level 1
         }
       }
@@ -244,12 +315,13 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(MmqArgs p) {
   const int nsb = static_cast<int>(p.K / kQK_K), rounds = (nsb + kSbPerRound - 1) / kSbPerRound;
   const int64_t items = (p.rows + kTileRows - 1) / kTileRows * ng * p.n_proj;
   float* xch = reinterpret_cast<float*>(smem + 2 * Q<kQ2K>::kStage);
-  float acc[kTiles][4][2][4];
-  // Items blockIdx.x, + gridDim.x, ...; each in `rounds` steps, the next step's round loaded
-  // while this one computes. The item is decoded once, when its first round is loaded.
-  int64_t it = blockIdx.x;
+  float acc[4][2][kParts][4];
+  // Items blockIdx.x, + gridDim.x, ... (those another item computes skipped); each in `rounds`
+  // steps, the next step's round loaded while this one computes. The item is decoded once, when
+  // its first round is loaded.
+  Item m;
+  int64_t it = next_item(p, blockIdx.x, items, ng, g0, m);
   if (it >= items) return;
-  Item m = item_of(p, it, ng, g0);
   load_round<kQ2K, kCheck>(p, m, 0, nsb, smem);
   int r = 0, buf = 0;
   for (;;) {
@@ -258,8 +330,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(MmqArgs p) {
     Item m1 = m;
     if (r1 == rounds) {
       r1 = 0;
-      it1 = it + gridDim.x;
-      if (it1 < items) m1 = item_of(p, it1, ng, g0);
+      it1 = next_item(p, it + gridDim.x, items, ng, g0, m1);
     }
     const bool more = it1 < items;
     // One barrier per step: this step's round has landed (the only copy group in flight) and
@@ -269,15 +340,16 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(MmqArgs p) {
     if (more) load_round<kQ2K, kCheck>(p, m1, r1, nsb, smem + (buf ^ 1) * Q<kQ2K>::kStage);
     if (r == 0) {
 #pragma unroll
-      for (int tl = 0; tl < kTiles; ++tl)
+      for (int a = 0; a < 4; ++a)
 #pragma unroll
-        for (int a = 0; a < 4; ++a)
+        for (int bb = 0; bb < 2; ++bb)
 #pragma unroll
-          for (int bb = 0; bb < 2; ++bb)
+          for (int x = 0; x < kParts; ++x)
 #pragma unroll
-            for (int o = 0; o < 4; ++o) acc[tl][a][bb][o] = 0.0f;
+            for (int o = 0; o < 4; ++o) acc[a][bb][x][o] = 0.0f;
     }
-    compute_round<kQ2K>(m, r, nsb, smem + buf * Q<kQ2K>::kStage, acc);
+    if (m.wide) compute_round<kQ2K, true>(m, r, nsb, smem + buf * Q<kQ2K>::kStage, acc);
+    else compute_round<kQ2K, false>(m, r, nsb, smem + buf * Q<kQ2K>::kStage, acc);
     if (r == rounds - 1) finish_item<kCheck>(p, m, acc, xch);
     if (!more) break;
     m = m1;
@@ -295,9 +367,10 @@ void launch_typed(const MmqArgs& p, void* stream) {
     MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(
         mmq_kernel<kQ2K, kCheck>, cudaFuncAttributeMaxDynamicSharedMemorySize, Q<kQ2K>::kSmem));
   }
-  // Persistent: two blocks per multiprocessor (the shared memory of one is under half of the
-  // multiprocessor's); fewer when the host knows the items.
-  int64_t grid = 2 * static_cast<int64_t>(sms);
+  // Persistent: two blocks per multiprocessor less one (an odd count: a block's items then
+  // alternate between even and odd group positions and row tiles, the odd ones of which may be
+  // computed by another item); fewer when the host knows the items.
+  int64_t grid = 2 * static_cast<int64_t>(sms) - 1;
   if (p.dev_range == nullptr) {
     const int64_t items = (p.rows + kTileRows - 1) / kTileRows * (p.g_end - p.g_begin) * p.n_proj;
     grid = items < grid ? items : grid;
@@ -313,13 +386,15 @@ void launch(const MmqArgs& p, GgmlType t, const char* op, void* stream) {
   if (t != GgmlType::kQ2K && t != GgmlType::kQ3K)
     throw InputError(where + "weight type must be Q2_K (10) or Q3_K (11), found " +
                      std::to_string(static_cast<uint32_t>(t)));
-  if (p.K <= 0 || p.K % kQK_K != 0 || p.K > (int64_t{1} << 24) || p.rows < 0)
-    throw InputError(where + "need K a positive multiple of 256 (at most 2^24) and rows >= 0, " +
-                     "found K=" + std::to_string(p.K) + " rows=" + std::to_string(p.rows));
+  if (p.K <= 0 || p.K % kQK_K != 0 || p.K > (int64_t{1} << 24) || p.rows < 0 ||
+      p.rows > (int64_t{1} << 30))
+    throw InputError(where + "need K a positive multiple of 256 (at most 2^24) and rows in " +
+                     "[0, 2^30], " + "found K=" + std::to_string(p.K) +
+                     " rows=" + std::to_string(p.rows));
   if (p.rows == 0) return;
   require_aligned(p.a, 16, op, "a");
   require_aligned(p.y, 4, op, "y");
-  const bool check = p.rows % kTileRows != 0;
+  const bool check = p.rows % kWideRows != 0;
   if (t == GgmlType::kQ2K) {
     if (check) launch_typed<true, true>(p, stream);
     else launch_typed<true, false>(p, stream);
@@ -335,7 +410,7 @@ void mmq(GgmlType t, const uint8_t* w, const BlockQ8_1* a, float* y, int64_t row
          int64_t T, void* stream) {
   if (T < 0) throw InputError("cuda::mmq: T must be >= 0, found " + std::to_string(T));
   require_aligned(w, 16, "mmq", "w");
-  const MmqArgs p{nullptr, nullptr, w, T, nullptr, 0, (T + kMaxGroupRows - 1) / kMaxGroupRows,
+  const MmqArgs p{nullptr, nullptr, w, T, nullptr, 0, (T + kItemCols - 1) / kItemCols,
                   0,       1,       a, y, rows,    K};
   if (T > 0) launch(p, t, "mmq", stream);
 }

@@ -1,6 +1,6 @@
-// MMQ tile arithmetic (cuda/mmq.cu): one q8_1 unit of 16 Q2_K / Q3_K weight rows against the 8
-// token columns of a group, integer parts on the int8 tensor cores, then the float part of
-// docs/numerics.md "mmvq_q2k, mmvq_q3k" folded into the unit's contract-lane chain.
+// MMQ tile arithmetic (cuda/mmq.cu): one q8_1 unit of 16 Q2_K / Q3_K weight rows against one or
+// two 8-token-column halves of an item, integer parts on the int8 tensor cores, then the float part
+// of docs/numerics.md "mmvq_q2k, mmvq_q3k" folded into the unit's contract-lane chain.
 //
 // Fragments (PTX ISA "mma.m16n8k32" / "mma.m16n8k16", integer types): lane (g, c) = (lane / 4,
 // lane % 4) holds A rows g and g + 8, bytes 4c..4c+3 of each 16-value half, B (the activation
@@ -129,12 +129,15 @@ __device__ __forceinline__ RowSb row_sb(const uint8_t* s, int blk, int wc, int c
   return r;
 }
 
-// Unit b = 2 wc + bb of rows r0 (g) and r1 (g + 8) against the token columns of B (b0, b1), its
-// float part chained into acc[4] (D order: (g, 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1));
-// d8[2] are the activation scales of token columns 2c, 2c + 1 for this unit.
-template <bool kQ2K, int kBb>
-__device__ __forceinline__ void unit_chain(const RowSb& r0, const RowSb& r1, int b, uint32_t b0,
-                                           uint32_t b1, const float (&d8)[2], float (&acc)[4]) {
+// Unit b = 2 wc + bb of rows r0 (g) and r1 (g + 8) against the token columns of B (b0[h], b1[h]
+// for the 8-column half h < halves, 1 or 2), its float part chained into acc[h][4] (D order:
+// (g, 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1)); d8[h][2] are the activation scales of
+// half h's token columns 2c, 2c + 1 for this unit. The weight fragment is built once for both
+// halves.
+template <bool kQ2K, int kBb, int kH>
+__device__ __forceinline__ void unit_chain(const RowSb& r0, const RowSb& r1, int b, int halves,
+                                           const uint32_t (&b0)[kH], const uint32_t (&b1)[kH],
+                                           const float (&d8)[kH][2], float (&acc)[kH][4]) {
   const int sh = 2 * (b & 3);
   const RowSb* rr[2] = {&r0, &r1};
   if constexpr (kQ2K) {
@@ -145,14 +148,18 @@ __device__ __forceinline__ void unit_chain(const RowSb& r0, const RowSb& r1, int
       a[i] = ((r.q[i >> 1] >> sh) & 0x03030303u) * static_cast<uint32_t>(r.sc[2 * kBb + (i >> 1)]);
       am[i] = (i >> 1) == 0 ? byte_bcast<2 * kBb>(r.mn) : byte_bcast<2 * kBb + 1>(r.mn);
     }
-    int dA[4], dB[4];  // A + kBias, B + kBias
-    mma_k32_u8s8(dA, a, b0, b1, kBias);
-    mma_k32_u8s8(dB, am, b0, b1, kBias);
 #pragma unroll
-    for (int o = 0; o < 4; ++o) {
-      const RowSb& r = *rr[o >> 1];
-      const float t = fma_rn(r.d, biased_float(dA[o]), -mul_rn(r.dmin, biased_float(dB[o])));
-      acc[o] = fma_rn(d8[o & 1], t, acc[o]);
+    for (int h = 0; h < kH; ++h) {
+      if (h >= halves) break;
+      int dA[4], dB[4];  // A + kBias, B + kBias
+      mma_k32_u8s8(dA, a, b0[h], b1[h], kBias);
+      mma_k32_u8s8(dB, am, b0[h], b1[h], kBias);
+#pragma unroll
+      for (int o = 0; o < 4; ++o) {
+        const RowSb& r = *rr[o >> 1];
+        const float t = fma_rn(r.d, biased_float(dA[o]), -mul_rn(r.dmin, biased_float(dB[o])));
+        acc[h][o] = fma_rn(d8[h][o & 1], t, acc[h][o]);
+      }
     }
   } else {
     uint32_t a[4];
@@ -164,14 +171,18 @@ __device__ __forceinline__ void unit_chain(const RowSb& r0, const RowSb& r1, int
       const uint32_t hs = byte_signs(r.h[i >> 1] << (7 - b));
       a[i] = ((r.q[i >> 1] >> sh) & 0x03030303u) | (~hs & 0xFCFCFCFCu);
     }
-    int p0[4], p1[4];
-    mma_k16_s8s8(p0, a[0], a[1], b0);
-    mma_k16_s8s8(p1, a[2], a[3], b1);
 #pragma unroll
-    for (int o = 0; o < 4; ++o) {
-      const RowSb& r = *rr[o >> 1];
-      const int A = r.sc[2 * kBb] * p0[o] + (r.sc[2 * kBb + 1] * p1[o] + kBias);  // A + kBias
-      acc[o] = fma_rn(d8[o & 1], mul_rn(r.d, biased_float(A)), acc[o]);
+    for (int h = 0; h < kH; ++h) {
+      if (h >= halves) break;
+      int p0[4], p1[4];
+      mma_k16_s8s8(p0, a[0], a[1], b0[h]);
+      mma_k16_s8s8(p1, a[2], a[3], b1[h]);
+#pragma unroll
+      for (int o = 0; o < 4; ++o) {
+        const RowSb& r = *rr[o >> 1];
+        const int A = r.sc[2 * kBb] * p0[o] + (r.sc[2 * kBb + 1] * p1[o] + kBias);  // A + kBias
+        acc[h][o] = fma_rn(d8[h][o & 1], mul_rn(r.d, biased_float(A)), acc[h][o]);
+      }
     }
   }
 }

@@ -40,7 +40,19 @@ int g_rows_per_warp = 0;
 // layer; set_mmvq_stream_layer_tokens(8) gives larger layers the dp4a kernel, as before
 // 2026-12-03's tenth session).
 constexpr int64_t kEveryLayer = std::numeric_limits<int64_t>::max();
-int64_t g_stream_layer_tokens = kEveryLayer;
+// Per weight type: [0] Q2_K, [1] Q3_K (set_mmvq_stream_layer_tokens with a type sets one; 0
+// restores the default). Q2_K's groups launches of layers above 341 tokens take the dp4a
+// kernel, which decodes a row once for a group's tokens where the streamed engine reads it once
+// per pass of two: ds41 at T = 512 (groups of about 6 pairs) took 8.08 ms with Q2_K on the dp4a
+// kernel against 8.35 streamed, at T = 256 5.23 against 5.08 (docs/performance.md, "MMQ items of
+// 16 tokens"); 341 is where the streamed engine's group prefix ended before its bound came from
+// the experts. Q3_K's decode costs more: the streamed engine wins at every T measured.
+constexpr int64_t kDefaultStreamLayerTokens[2] = {341, kEveryLayer};
+int64_t g_stream_layer_tokens[2] = {kDefaultStreamLayerTokens[0], kDefaultStreamLayerTokens[1]};
+
+bool streamed_layer(GgmlType t, int64_t layer_tokens) {
+  return layer_tokens <= g_stream_layer_tokens[t == GgmlType::kQ2K ? 0 : 1];
+}
 
 // The streamed engine's tokens a pass for groups launches (docs/performance.md, "The streamed
 // engine for the batched layers' MMVQ groups"): one in layers of up to 32 tokens, whose groups
@@ -308,7 +320,17 @@ void set_mmvq_stream_shape(int warps, int stages) {
 void set_mmvq_stream_layer_tokens(int64_t n) {
   if (n < 0)
     throw InputError("cuda::set_mmvq_stream_layer_tokens: need n >= 0, found " + std::to_string(n));
-  g_stream_layer_tokens = n == 0 ? kEveryLayer : n;
+  for (int i = 0; i < 2; ++i) g_stream_layer_tokens[i] = n == 0 ? kDefaultStreamLayerTokens[i] : n;
+}
+
+void set_mmvq_stream_layer_tokens(int64_t n, GgmlType t) {
+  if (n < 0 || (t != GgmlType::kQ2K && t != GgmlType::kQ3K))
+    throw InputError(
+        "cuda::set_mmvq_stream_layer_tokens: need n >= 0 and type Q2_K or Q3_K, "
+        "found n=" +
+        std::to_string(n) + " type " + std::to_string(static_cast<uint32_t>(t)));
+  const int i = t == GgmlType::kQ2K ? 0 : 1;
+  g_stream_layer_tokens[i] = n == 0 ? kDefaultStreamLayerTokens[i] : n;
 }
 
 void set_mmvq_stream_pass_shape(int pass_tokens, bool whole_sm) {
@@ -355,21 +377,21 @@ void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* group
   }
   MmvqParams p{Form::kGroups, nullptr, slots, groups, a, false, y, rows, K, 0, 0, 0, 0};
   p.pass_tokens = stream_pass_tokens(layer_tokens);
-  launch(p, t, n_groups, max_n, warps, "mmvq_groups", stream,
-         layer_tokens <= g_stream_layer_tokens);
+  launch(p, t, n_groups, max_n, warps, "mmvq_groups", stream, streamed_layer(t, layer_tokens));
 }
 
 void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGroup* groups,
                          const int32_t* count, int n_proj, int64_t proj_stride, int max_n,
                          const BlockQ8_1* a, float* y, int64_t rows, int64_t K, int warps,
                          void* stream, int64_t layer_tokens, int stream_warps, const void* warm,
-                         int64_t warm_bytes) {
+                         int64_t warm_bytes, int64_t max_groups) {
   if (!stream_warps_allowed(stream_warps))
     throw InputError("cuda::mmvq_groups_planned: stream_warps must be 0, 4, 8, 12 or 16, found " +
                      std::to_string(stream_warps));
-  if (n_proj < 1 || proj_stride < 0)
-    throw InputError("cuda::mmvq_groups_planned: need n_proj >= 1 and proj_stride >= 0, found " +
-                     std::to_string(n_proj) + ", " + std::to_string(proj_stride));
+  if (n_proj < 1 || proj_stride < 0 || max_groups < 0)
+    throw InputError("cuda::mmvq_groups_planned: need n_proj >= 1, proj_stride >= 0 and " +
+                     std::string("max_groups >= 0, found ") + std::to_string(n_proj) + ", " +
+                     std::to_string(proj_stride) + ", " + std::to_string(max_groups));
   if (proj_stride > 0) {
     require_aligned(slots, 8, "mmvq_groups_planned", "slots (pointer table)");
     require_aligned(groups, 4, "mmvq_groups_planned", "groups");
@@ -387,8 +409,11 @@ void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGrou
     p.warm = reinterpret_cast<const uint8_t*>(w0);
     p.warm_lines = static_cast<int>((w1 - w0 + 127) / 128);
   }
-  launch(p, t, n_proj * proj_stride, max_n, warps, "mmvq_groups_planned", stream,
-         layer_tokens <= g_stream_layer_tokens);
+  // The launch's group bound: each projection's live count is at most proj_stride (the plan's
+  // capacity) and at most max_groups when given; live_groups traps above it.
+  const int64_t per_proj = max_groups > 0 && max_groups < proj_stride ? max_groups : proj_stride;
+  launch(p, t, n_proj * per_proj, max_n, warps, "mmvq_groups_planned", stream,
+         streamed_layer(t, layer_tokens));
 }
 
 }  // namespace moecheck::cuda

@@ -48,11 +48,14 @@ struct MmvqParams {
   int warm_lines = 0;
 };
 
-// The groups this launch computes (the device route's count, or n_groups).
+// The groups this launch computes (the device route's count, or n_groups). A device count above
+// the launch's bound (n_groups = n_proj times the bound per projection: mmvq_groups_planned's
+// proj_stride or max_groups) traps: the launch was sized for fewer.
 __device__ __forceinline__ int64_t live_groups(const MmvqParams& p) {
   if (p.dev_count == nullptr) return p.n_groups;
   const int64_t g = static_cast<int64_t>(__ldg(p.dev_count)) * p.n_proj;
-  return g < p.n_groups ? g : p.n_groups;
+  if (g > p.n_groups) __trap();
+  return g;
 }
 
 // The stored group of logical group `group` (< n_proj G): projections are stepped over rather

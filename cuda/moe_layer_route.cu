@@ -4,6 +4,7 @@
 // Contract: docs/numerics.md "route_select"; the rest of the driver: cuda/moe_layer.cu.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <stdexcept>
@@ -127,12 +128,16 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
   const int gu_warps = o.gate_up_stream_warps != 0 ? o.gate_up_stream_warps : T == 1 ? 12 : 0;
   const uint8_t* warm = o.prefetch_plan ? dplan.as<uint8_t>() : nullptr;
   const auto warm_bytes = static_cast<int64_t>(o.prefetch_plan ? D.scratch : 0);
-  // MMVQ over the Gs groups counts[3] of each projection, MMQ over [Gs, G) (counts[1]).
+  // MMVQ over the Gs groups counts[3] of each projection, MMQ over [Gs, G) (counts[1]). The
+  // MMVQ groups are one per expert of at most mmvq_max_rows pairs: at most n_routed a projection
+  // (the streamed engine's group prefix is sized by this bound, not by the plan's capacity P).
+  const int64_t mmvq_groups_bound = std::min<int64_t>(P, c.n_routed);
   if (w.gate_exps.type == w.up_exps.type) {
     {
       const pdl::Scope sc(launch_mode);
       mmvq_groups_planned(w.gate_exps.type, slots, groups, counts + 3, 2, P, max_n, xq,
-                          gu.as<float>(), c.inter, c.dim, ew, main, T, gu_warps, warm, warm_bytes);
+                          gu.as<float>(), c.inter, c.dim, ew, main, T, gu_warps, warm, warm_bytes,
+                          mmvq_groups_bound);
     }
     if (T > o.mmvq_max_rows)
       mmq_groups_planned(w.gate_exps.type, slots, groups, counts, 2, P, xq, gu.as<float>(), c.inter,
@@ -143,7 +148,8 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
       {
         const pdl::Scope sc(launch_mode);
         mmvq_groups_planned(t, slots, groups + j * P, counts + 3, 1, P, max_n, xq, gu.as<float>(),
-                            c.inter, c.dim, ew, main, T, gu_warps, warm, warm_bytes);
+                            c.inter, c.dim, ew, main, T, gu_warps, warm, warm_bytes,
+                            mmvq_groups_bound);
       }
       if (T > o.mmvq_max_rows)
         mmq_groups_planned(t, slots, groups + j * P, counts, 1, P, xq, gu.as<float>(), c.inter,
@@ -159,7 +165,7 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
     const pdl::Scope sc(early_mode);
     mmvq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts + 3, 1, P, max_n,
                         h_q8.as<BlockQ8_1>(), down.as<float>(), c.dim, c.inter, ew, main, T,
-                        o.down_stream_warps, warm, warm_bytes);
+                        o.down_stream_warps, warm, warm_bytes, mmvq_groups_bound);
   }
   if (T > o.mmvq_max_rows)
     mmq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts, 1, P, h_q8.as<BlockQ8_1>(),

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <ctime>
 #include <exception>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -446,25 +447,28 @@ void sweep_split(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<i
   }
 }
 
-// The MMVQ groups of batched layers on the dp4a kernel (cuda::set_mmvq_stream_layer_tokens(8)) or
-// the streamed engine (the default) in passes of the default's tokens, one or two
-// (cuda::set_mmvq_stream_pass_shape), and two a pass with 12 warps a block
-// (cuda::set_mmvq_stream_shape: more registers a thread for the two-token kernel),
-// device-route graph replays (events) at each T, each output first required bitwise equal to
-// emu::MoeLayer's (exit 1 naming the first difference).
+// The engines of the batched layers' launches: the MMVQ groups on the dp4a kernel
+// (cuda::set_mmvq_stream_layer_tokens(8)) or the streamed engine (the default), Q2_K's alone
+// either way (the type-limited setter), the streamed passes of one or two tokens
+// (cuda::set_mmvq_stream_pass_shape); device-route graph replays (events) at each T, each output
+// first required bitwise equal to emu::MoeLayer's (exit 1 naming the first difference).
 void sweep_stream_limit(const LayerWeights& w, const std::vector<int64_t>& Ts) {
   struct Config {
     const char* name;
-    int64_t limit;
+    int64_t limit;      // cuda::set_mmvq_stream_layer_tokens, both types (0: the default)
+    int64_t q2k_limit;  // then Q2_K's alone (-1: leave the default)
     int pass_tokens;
     bool whole_sm;
     int warps;  // cuda::set_mmvq_stream_shape (0: the default 16)
   };
-  const Config configs[] = {{"dp4a (before)", 8, 0, false, 0},
-                            {"streamed (default)", 0, 0, false, 0},
-                            {"streamed, 1 token a pass", 0, 1, false, 0},
-                            {"streamed, 2 tokens a pass", 0, 2, false, 0},
-                            {"streamed, 2 tokens a pass, 12 warps", 0, 2, false, 12}};
+  constexpr int64_t kEvery = std::numeric_limits<int64_t>::max();
+  const Config configs[] = {{"dp4a kernel for every groups launch", 8, -1, 0, false, 0},
+                            {"default", 0, -1, 0, false, 0},
+                            {"Q2_K streamed at every T", 0, kEvery, 0, false, 0},
+                            {"Q2_K on dp4a above 8 tokens", 0, 8, 0, false, 0},
+                            {"Q2_K streamed up to 384 tokens", 0, 384, 0, false, 0},
+                            {"streamed, 1 token a pass", 0, -1, 1, false, 0},
+                            {"streamed, 2 tokens a pass", 0, -1, 2, false, 0}};
   std::vector<std::vector<uint16_t>> xs, wants;
   for (const int64_t T : Ts) {
     xs.push_back(generate_input(static_cast<uint64_t>(3000 + T), T, w.config.dim));
@@ -475,6 +479,7 @@ void sweep_stream_limit(const LayerWeights& w, const std::vector<int64_t>& Ts) {
   std::vector<std::vector<double>> us;
   for (const Config& cf : configs) {
     cuda::set_mmvq_stream_layer_tokens(cf.limit);
+    if (cf.q2k_limit >= 0) cuda::set_mmvq_stream_layer_tokens(cf.q2k_limit, GgmlType::kQ2K);
     cuda::set_mmvq_stream_pass_shape(cf.pass_tokens, cf.whole_sm);
     cuda::set_mmvq_stream_shape(cf.warps, 0);
     std::vector<double> row;
@@ -501,8 +506,8 @@ void sweep_stream_limit(const LayerWeights& w, const std::vector<int64_t>& Ts) {
   cuda::set_mmvq_stream_pass_shape(0, false);
   cuda::set_mmvq_stream_shape(0, 0);
   std::printf(
-      "\n### batched_bench: MMVQ groups on the dp4a kernel or the streamed engine (device route, "
-      "graph replay, us)\n\n| T |");
+      "\n### batched_bench: the batched launches' engines (device route, graph replay, us)\n\n| T "
+      "|");
   for (const Config& cf : configs) std::printf(" %s |", cf.name);
   std::printf("\n|---|");
   for (size_t j = 0; j < us.size(); ++j) std::printf("---|");
@@ -516,8 +521,8 @@ void sweep_stream_limit(const LayerWeights& w, const std::vector<int64_t>& Ts) {
 
 }  // namespace
 
-// `batched_bench`: the table and the split sweep; `batched_bench engine`: only the MMVQ engine
-// sweep at T = 16, 32, 64 and 512.
+// `batched_bench`: the table and the split sweep; `batched_bench engine`: only the engine sweep
+// (sweep_stream_limit) at T = 64, 128, 256, 512 and 4096, or at the T given after it.
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a failed check's exit(1) keeps every line printed
   const auto start = Clock::now();
@@ -529,7 +534,10 @@ int main(int argc, char** argv) {
   std::printf("generated ds41 layer 0 (fast blocks) at %.1f s\n", secs(start));
   cuda::LayerOptions lo;
   if (argc > 1 && std::string(argv[1]) == "engine") {
-    sweep_stream_limit(w, {16, 32, 64, 512});
+    std::vector<int64_t> Ts;  // `batched_bench engine [T ...]`
+    for (int i = 2; i < argc; ++i) Ts.push_back(std::stoll(argv[i]));
+    if (Ts.empty()) Ts = {64, 128, 256, 512, 4096};
+    sweep_stream_limit(w, Ts);
     return 0;
   }
   cuda::MoeLayer host(w, lo);

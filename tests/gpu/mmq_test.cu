@@ -1,8 +1,9 @@
 // cuda::mmq (plain, groups, planned) vs emu::mmvq / emu::mmvq_groups, bitwise, for Q2_K and
 // Q3_K: MMQ keeps MMVQ's contract (docs/numerics.md "mmvq_q2k, mmvq_q3k"), so its twin is the
-// MMVQ emulation. Seeded random cases with rows across the 64-row tile (the checked and the
-// unchecked variant), K across the 4-super-block rounds (ragged last round), T across the
-// 8-token groups (9, 16, 63, 64, 65 always among them), adversarial blocks (zero, subnormal,
+// MMVQ emulation. Seeded random cases with rows across the 32- and 64-row tiles (the checked
+// and the unchecked variant), K across the 4-super-block rounds (ragged last round), T across
+// the 16-token column blocks and their 8-token halves (9, 16, 63, 64, 65 always among them), groups
+// paired into items or not, adversarial blocks (zero, subnormal,
 // NaN and Inf scales; NaN, huge and zero activation blocks), weight bases at 2- / 4-byte
 // offsets (every 16-byte phase of a row), gate and up in one launch (two projections), the
 // live range read from the device (the device route), ds41 shapes; every launch twice.
@@ -83,6 +84,8 @@ TEST_P(MmqTest, Ds41ShapesEqualsEmu) {
 
 // Experts in one buffer at their own offsets (slot pointers, not a stack), random groups of
 // 1..8 rows of any expert; n_proj 2 reads the second projection's groups proj_stride later.
+// runs: the plan's shape instead, runs of 1..5 consecutive groups of one expert (a run's groups
+// full but its last), so that MMQ pairs the groups of a run at either parity of the range.
 struct GroupCase {
   std::vector<uint8_t> all;
   std::vector<size_t> offs;
@@ -92,7 +95,7 @@ struct GroupCase {
 };
 
 GroupCase make_groups_case(emutest::Gen& g, GgmlType type, int64_t n_groups, int64_t proj_stride,
-                           int n_proj) {
+                           int n_proj, bool runs = false) {
   GroupCase c;
   c.K = kQK_K * (1 + static_cast<int64_t>(g.u32() % 10));
   c.rows = 1 + g.u32() % 140;
@@ -107,27 +110,41 @@ GroupCase make_groups_case(emutest::Gen& g, GgmlType type, int64_t n_groups, int
   c.a = make_act(g, T, c.K, g.u32() % 2 == 0);
   c.groups.assign(static_cast<size_t>(proj_stride * n_proj), MmvqGroup{});
   int32_t next_y = 0;
-  for (int j = 0; j < n_proj; ++j)
+  for (int j = 0; j < n_proj; ++j) {
+    int64_t run_left = 0;
+    int32_t run_slot = 0;
     for (int64_t q = 0; q < n_groups; ++q) {
       MmvqGroup& G = c.groups[static_cast<size_t>(j * proj_stride + q)];
-      G.slot = static_cast<int32_t>(g.u32() % n_exp);
-      G.n = static_cast<int32_t>(1 + g.u32() % kMaxGroupRows);
+      if (runs) {
+        if (run_left == 0) {
+          run_left = 1 + g.u32() % 5;
+          run_slot = (run_slot + 1 + static_cast<int32_t>(g.u32() % (n_exp > 1 ? n_exp - 1 : 1))) %
+                     static_cast<int32_t>(n_exp);  // a run's expert differs from the last one's
+        }
+        --run_left;
+        G.slot = run_slot;
+        G.n = run_left > 0 ? kMaxGroupRows : static_cast<int32_t>(1 + g.u32() % kMaxGroupRows);
+      } else {
+        G.slot = static_cast<int32_t>(g.u32() % n_exp);
+        G.n = static_cast<int32_t>(1 + g.u32() % kMaxGroupRows);
+      }
       for (int i = 0; i < G.n; ++i) {
         G.a_row[i] = static_cast<int32_t>(g.u32() % T);
         G.y_row[i] = next_y++;
       }
     }
+  }
   c.ny = next_y;
   return c;
 }
 
-void groups_case(GgmlType type, uint64_t seed, bool planned) {
+void groups_case(GgmlType type, uint64_t seed, bool planned, bool runs = false) {
   emutest::Gen g(seed);
   const int n_proj = 1 + static_cast<int>(g.u32() % 2);
-  const int64_t n_groups = 1 + g.u32() % 12, stride = n_groups + g.u32() % 3;
+  const int64_t n_groups = 1 + g.u32() % (runs ? 24 : 12), stride = n_groups + g.u32() % 3;
   // planned: groups [g0, n_groups) are live (at least one)
   const int64_t g0 = planned ? std::min<int64_t>(g.u32() % 3, n_groups - 1) : 0;
-  const GroupCase c = make_groups_case(g, type, n_groups, stride, n_proj);
+  const GroupCase c = make_groups_case(g, type, n_groups, stride, n_proj, runs);
   std::vector<const uint8_t*> host_slots;
   for (size_t off : c.offs) host_slots.push_back(c.all.data() + off);
   std::vector<float> want(static_cast<size_t>(c.ny * c.rows), 0.0f);
@@ -145,9 +162,9 @@ void groups_case(GgmlType type, uint64_t seed, bool planned) {
                                        static_cast<int32_t>(g0)};
   DevArray<int32_t> dc(counts);
   const std::string r = gputest::repro(
-      seed, std::string(planned ? "planned" : "groups") + " K=" + std::to_string(c.K) +
-                " rows=" + std::to_string(c.rows) + " groups=" + std::to_string(n_groups) +
-                " n_proj=" + std::to_string(n_proj));
+      seed, std::string(planned ? "planned" : "groups") + (runs ? " runs" : "") +
+                " K=" + std::to_string(c.K) + " rows=" + std::to_string(c.rows) +
+                " groups=" + std::to_string(n_groups) + " n_proj=" + std::to_string(n_proj));
   for (int run = 0; run < 2; ++run) {
     (void)cudaMemset(dy.get(), 0, dy.bytes());
     if (planned)
@@ -171,6 +188,15 @@ TEST_P(MmqTest, PlannedRangeFromDeviceEqualsEmu_60Seeds) {
   MOECHECK_REQUIRE_GPU();
   for (uint64_t seed = 1; seed <= 60; ++seed)
     groups_case(GetParam(), seed * 4099 + static_cast<uint64_t>(GetParam()), true);
+}
+
+// Groups in runs of one expert, as the plan lays them out: MMQ computes two groups of a slot at
+// positions 2 j, 2 j + 1 of the live range as one item of 16 token columns and 32 rows, any
+// other group alone over 64 rows; every output equal to the emulation's either way.
+TEST_P(MmqTest, GroupsInRunsPairedEqualsEmu_60Seeds) {
+  MOECHECK_REQUIRE_GPU();
+  for (uint64_t seed = 1; seed <= 60; ++seed)
+    groups_case(GetParam(), seed * 5237 + static_cast<uint64_t>(GetParam()), seed % 2 == 0, true);
 }
 
 TEST_P(MmqTest, BadArgumentsThrowBeforeLaunch) {

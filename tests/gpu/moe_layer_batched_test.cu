@@ -5,6 +5,8 @@
 // (mmvq_max_rows 8 at T <= 8 is the T = 1..8 suite); skewed routing (one expert picked by every
 // token: a group run of T rows; most experts with no token) and the K-quant shared expert on
 // MMQ. Contract: docs/numerics.md "mmvq_q2k, mmvq_q3k" (MMQ keeps MMVQ's bits).
+#include <limits>
+
 #include "core/error.h"
 #include "cuda/kernels.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -120,6 +122,37 @@ TEST(CudaMoeLayerBatched, MmvqEngines_Dp4aAndStreamedPasses_Ds41_SmallSkewed) {
   EXPECT_THROW(cuda::set_mmvq_stream_layer_tokens(-1), InputError);
   EXPECT_THROW(cuda::set_mmvq_stream_pass_shape(3, false), InputError);
   EXPECT_THROW(cuda::set_mmvq_stream_pass_shape(-1, false), InputError);
+}
+
+// The device route's MMVQ launches bound their live groups by n_routed (one group per expert of
+// up to mmvq_max_rows pairs), not by the plan's capacity 6 T a projection: at T = 400 the gate /
+// up launch's bound is 2 x 384 groups, so it can take the streamed engine (its group prefix
+// holds 4096), where 2 x 2400 always took the dp4a kernel before. The same bits as the
+// emulation with both types streamed (passes of one token and of two) and with Q2_K's launches
+// on the dp4a kernel (the type-limited setter).
+TEST(CudaMoeLayerBatched, StreamedEngine_GroupBoundByExperts_Ds41T400) {
+  MOECHECK_REQUIRE_GPU();
+  struct Reset {
+    ~Reset() {
+      cuda::set_mmvq_stream_pass_shape(0, false);
+      cuda::set_mmvq_stream_layer_tokens(0);
+    }
+  } reset;
+  // both types streamed at every T
+  cuda::set_mmvq_stream_layer_tokens(std::numeric_limits<int64_t>::max());
+  for (const int pass_tokens : {1, 2}) {
+    SCOPED_TRACE("pass tokens " + std::to_string(pass_tokens));
+    cuda::set_mmvq_stream_pass_shape(pass_tokens, false);
+    run_layer(preset_options("ds41"), {400}, {{8, RouterVariant::kStaged, true, true, kDevice}},
+              1702);
+  }
+  cuda::set_mmvq_stream_pass_shape(0, false);
+  cuda::set_mmvq_stream_layer_tokens(8, GgmlType::kQ2K);
+  SCOPED_TRACE("Q2_K on the dp4a kernel above 8 tokens");
+  run_layer(preset_options("ds41"), {400}, {{8, RouterVariant::kStaged, true, true, kDevice}},
+            1703);
+  EXPECT_THROW(cuda::set_mmvq_stream_layer_tokens(8, GgmlType::kBF16), InputError);
+  EXPECT_THROW(cuda::set_mmvq_stream_layer_tokens(-1, GgmlType::kQ2K), InputError);
 }
 
 // max_tokens: buffers allocated at construction; T up to it runs (equal to the emulation), a
