@@ -4,19 +4,18 @@
 // parts and order exactly docs/numerics.md "mmvq_q2k, mmvq_q3k" ("mmq" there): the same bits
 // as mmvq and emu::mmvq for every (row, token), whatever the grouping.
 //
-// Work. Items are counted per 32-row tile, projection and group position gi of the live range.
+// Work. Items are counted per 64-row tile, projection and group position gi of the live range.
 // Groups gi and gi + 1 (gi even) that read the same slot (the plan's consecutive groups of one
-// expert) form a pair item: 32 rows against 16 token columns, each weight fragment feeding the
-// products of both 8-column halves, so a row's decode is shared by 16 tokens. Any other group is
-// a single item of 64 rows (two 16-row mma tiles a warp) against its 8 columns, counted at its
-// even row tile. The items another item computes (a pair's second group, a single group's odd
-// row tile) are skipped; the plain form's column blocks of 16 tokens are pairs of 8-token
-// halves, the last one single when it holds 8 tokens or fewer. A persistent grid (an odd count
-// of blocks, so that a block's items alternate between the two parities) walks the items row
-// tile major, so the blocks running together read the same rows for the groups of one expert,
-// from L2. K is walked in rounds of 4 super-blocks (32 q8_1 units, one per contract lane),
-// double-buffered in shared memory by 16-byte cp.async: per row the 16-byte-aligned cover of
-// the round's blocks (a row's phase is its address mod 16), per token the round's 32 q8_1
+// expert) form a pair item: its 64 rows in two phases of 32 rows against 16 token columns, each
+// weight fragment feeding the products of both 8-column halves, so a row's decode is shared by
+// 16 tokens. Any other group is a single item: 64 rows (two 16-row mma tiles a warp) against its
+// 8 columns. A pair's second group is skipped; the plain form's column blocks of 16 tokens are
+// pairs of 8-token halves, the last one single when it holds 8 tokens or fewer. A persistent
+// grid (an odd count of blocks, so that a block's items alternate between the two parities)
+// walks the items row tile major, so the blocks running together read the same rows for the
+// groups of one expert, from L2. K is walked in rounds of 4 super-blocks (32 q8_1 units, one per
+// contract lane), double-buffered in shared memory by 16-byte cp.async: per row the 16-byte-aligned
+// cover of the round's blocks (a row's phase is its address mod 16), per token the round's 32 q8_1
 // blocks.
 // Warps. 8 warps: row warp wr (0, 1) owns 16 rows (pair items) or 32 rows (single items) of the
 // item, class warp wc (0..3) owns the units b = 2 wc, 2 wc + 1 of every super-block, i.e. the
@@ -45,7 +44,7 @@ using namespace mmq_tile;
 
 constexpr int kRowWarps = 2, kClassWarps = 4;
 constexpr int kParts = 2;      // a pair item's 8-column halves, a single item's 16-row tiles a warp
-constexpr int kTileRows = 32;  // the row tile items are counted in (a single item takes two)
+constexpr int kTileRows = 32;  // a pair item's rows per phase
 constexpr int kWideRows = 2 * kTileRows;
 constexpr int kItemCols = 2 * kMaxGroupRows;                   // a pair item's token columns
 constexpr int kThreads = kRowWarps * kClassWarps * kWarpSize;  // 256
@@ -80,8 +79,9 @@ struct MmqArgs {
 
 // An item: one matrix against up to 16 token columns in two halves of 8 (half h: n[h] tokens;
 // groups form: the halves are groups g[0] and g[0] + 1, their a_row and y_row; plain form: g
-// nullptr, rows t0 + column). Pair items (wide false): rows row0 .. row0 + 31, both halves.
-// Single items (wide, n[1] = 0): rows row0 .. row0 + 63, half 0 only.
+// nullptr, rows t0 + column). Pair items (wide false): rows row0 .. row0 + 31 of the phase (row0
+// moves by 32 for the second), both halves. Single items (wide, n[1] = 0): rows row0 .. row0 +
+// 63, half 0 only.
 struct Item {
   const uint8_t* w;
   const MmvqGroup* g;
@@ -98,15 +98,15 @@ __device__ __forceinline__ int32_t item_y_row(const Item& m, bool h1, int i) {
   return m.g != nullptr ? m.g[h1 ? 1 : 0].y_row[i] : m.t0 + (h1 ? kMaxGroupRows : 0) + i;
 }
 
-// Item `it` of the launch (32-row tile rt, projection, group position gi), or false when another
-// item computes its outputs: the second group of a pair (gi odd, and group gi - 1 reads the same
-// slot), or the odd row tile of a single group (its even tile's item takes 64 rows).
+// Item `it` of the launch (64-row tile rt, projection, group position gi), or false when the
+// item before it computes its outputs (a pair's second group: gi odd, and group gi - 1 reads the
+// same slot). A pair item computes its 64 rows in two phases of 32 (row0, then row0 + 32).
 __device__ __forceinline__ bool item_of(const MmqArgs& p, int64_t it, int64_t ng, int64_t g0,
                                         Item& m) {
   const int64_t per_tile = ng * p.n_proj;
   const int64_t rt = it / per_tile, rem = it % per_tile;
   const int64_t proj = rem / ng, gi = rem % ng;
-  m.row0 = static_cast<int>(rt * kTileRows);
+  m.row0 = static_cast<int>(rt * kWideRows);
   if (p.groups == nullptr) {
     m.w = p.w;
     m.g = nullptr;
@@ -130,7 +130,7 @@ __device__ __forceinline__ bool item_of(const MmqArgs& p, int64_t it, int64_t ng
     m.n[1] = paired ? __ldg(&base[gi + 1].n) : 0;
   }
   m.wide = m.n[1] == 0;
-  return !m.wide || (rt & 1) == 0;
+  return true;
 }
 
 // The first item at or after `it` (stepping by the grid) that computes outputs.
@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(MmqArgs p) {
   const int64_t ng = g1 - g0;
   if (ng <= 0) return;
   const int nsb = static_cast<int>(p.K / kQK_K), rounds = (nsb + kSbPerRound - 1) / kSbPerRound;
-  const int64_t items = (p.rows + kTileRows - 1) / kTileRows * ng * p.n_proj;
+  const int64_t items = (p.rows + kWideRows - 1) / kWideRows * ng * p.n_proj;
   float* xch = reinterpret_cast<float*>(smem + 2 * Q<kQ2K>::kStage);
   float acc[4][2][kParts][4];
   // Items blockIdx.x, + gridDim.x, ... (those another item computes skipped); each in `rounds`
@@ -330,7 +330,9 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(MmqArgs p) {
     Item m1 = m;
     if (r1 == rounds) {
       r1 = 0;
-      it1 = next_item(p, it + gridDim.x, items, ng, g0, m1);
+      if (!m.wide && (m.row0 & kTileRows) == 0 && m.row0 + kTileRows < p.rows)
+        m1.row0 = m.row0 + kTileRows;  // a pair item's second phase
+      else it1 = next_item(p, it + gridDim.x, items, ng, g0, m1);
     }
     const bool more = it1 < items;
     // One barrier per step: this step's round has landed (the only copy group in flight) and
@@ -368,11 +370,11 @@ void launch_typed(const MmqArgs& p, void* stream) {
         mmq_kernel<kQ2K, kCheck>, cudaFuncAttributeMaxDynamicSharedMemorySize, Q<kQ2K>::kSmem));
   }
   // Persistent: two blocks per multiprocessor less one (an odd count: a block's items then
-  // alternate between even and odd group positions and row tiles, the odd ones of which may be
-  // computed by another item); fewer when the host knows the items.
+  // alternate between even and odd group positions, the odd ones of which may belong to the
+  // item before); fewer when the host knows the items.
   int64_t grid = 2 * static_cast<int64_t>(sms) - 1;
   if (p.dev_range == nullptr) {
-    const int64_t items = (p.rows + kTileRows - 1) / kTileRows * (p.g_end - p.g_begin) * p.n_proj;
+    const int64_t items = (p.rows + kWideRows - 1) / kWideRows * (p.g_end - p.g_begin) * p.n_proj;
     grid = items < grid ? items : grid;
   }
   if (grid <= 0) return;
