@@ -46,7 +46,8 @@ constexpr int64_t kEveryLayer = std::numeric_limits<int64_t>::max();
 // per pass of two: ds41 at T = 512 (groups of about 6 pairs) took 8.08 ms with Q2_K on the dp4a
 // kernel against 8.35 streamed, at T = 256 5.23 against 5.08 (docs/performance.md, "MMQ items of
 // 16 tokens"); 341 is where the streamed engine's group prefix ended before its bound came from
-// the experts. Q3_K's decode costs more: the streamed engine wins at every T measured.
+// the experts. Q3_K's decode costs more: the streamed engine wins at every T up to 512 and ties
+// at 4096 (its MMVQ groups are few there).
 constexpr int64_t kDefaultStreamLayerTokens[2] = {341, kEveryLayer};
 int64_t g_stream_layer_tokens[2] = {kDefaultStreamLayerTokens[0], kDefaultStreamLayerTokens[1]};
 
