@@ -36,9 +36,9 @@ int g_tc_stages = 0, g_tc_mode = 0;
 int g_sb_warps = 0, g_sb_stages = 0;
 int g_blocks_per_sm = 0;
 int g_rows_per_warp = 0;
-// The largest layer (tokens) whose groups launches take the streamed engine (default: every
-// layer; set_mmvq_stream_layer_tokens(8) gives larger layers the dp4a kernel, as before
-// 2026-12-03's tenth session).
+// The largest layer (tokens) whose groups launches take the streamed engine, per weight type
+// (defaults below; set_mmvq_stream_layer_tokens(8) gives larger layers the dp4a kernel, as
+// before 2026-12-03's tenth session).
 constexpr int64_t kEveryLayer = std::numeric_limits<int64_t>::max();
 // Per weight type: [0] Q2_K, [1] Q3_K (set_mmvq_stream_layer_tokens with a type sets one; 0
 // restores the default). Q2_K's groups launches of layers above 341 tokens take the dp4a
