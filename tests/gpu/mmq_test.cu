@@ -1,10 +1,10 @@
 // cuda::mmq (plain, groups, planned) vs emu::mmvq / emu::mmvq_groups, bitwise, for Q2_K and
 // Q3_K: MMQ keeps MMVQ's contract (docs/numerics.md "mmvq_q2k, mmvq_q3k"), so its twin is the
-// MMVQ emulation. Seeded random cases with rows across the 32- and 64-row tiles (the checked
-// and the unchecked variant), K across the 4-super-block rounds (ragged last round), T across
-// the 16-token column blocks and their 8-token halves (9, 16, 63, 64, 65 always among them), groups
-// paired into items or not, adversarial blocks (zero, subnormal,
-// NaN and Inf scales; NaN, huge and zero activation blocks), weight bases at 2- / 4-byte
+// MMVQ emulation. Seeded random cases with rows across the 64-row tiles and a pair item's
+// 32-row phases (the checked and the unchecked variant), K across the 4-super-block rounds
+// (ragged last round), T across the 16-token column blocks and their 8-token halves (9, 16, 63,
+// 64, 65 always among them), groups paired into items or not, adversarial blocks (zero,
+// subnormal, NaN and Inf scales; NaN, huge and zero activation blocks), weight bases at 2- / 4-byte
 // offsets (every 16-byte phase of a row), gate and up in one launch (two projections), the
 // live range read from the device (the device route), ds41 shapes; every launch twice.
 #include <algorithm>
@@ -191,8 +191,9 @@ TEST_P(MmqTest, PlannedRangeFromDeviceEqualsEmu_60Seeds) {
 }
 
 // Groups in runs of one expert, as the plan lays them out: MMQ computes two groups of a slot at
-// positions 2 j, 2 j + 1 of the live range as one item of 16 token columns and 32 rows, any
-// other group alone over 64 rows; every output equal to the emulation's either way.
+// positions 2 j, 2 j + 1 of the live range as one item of 16 token columns (its 64 rows in two
+// phases of 32), any other group alone over 64 rows; every output equal to the emulation's
+// either way.
 TEST_P(MmqTest, GroupsInRunsPairedEqualsEmu_60Seeds) {
   MOECHECK_REQUIRE_GPU();
   for (uint64_t seed = 1; seed <= 60; ++seed)
