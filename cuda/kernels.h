@@ -18,7 +18,8 @@ namespace moecheck::cuda {
 // w [rows, K] (router_gemv: BF16 or F16 by w_type; bf16_gemv: bf16), x bf16 [T, K], y f32
 // [T, rows]. K a positive multiple of 8 (kGemvChunk); w and x 16-byte aligned. Any T (launched in
 // groups of kMaxGroupRows tokens; bf16_gemv and bf16_gemv_pair above kMaxGroupRows tokens as a
-// GEMM, cuda/bf16_gemm.cu; no bit depends on the grouping or the kernel).
+// GEMM, cuda/bf16_gemm.cu, the staged router as one too, cuda/router_gemv.cu; no bit depends on
+// the grouping or the kernel).
 // x_q8 (optional, K a multiple of 32): also q8_1 of x [T, K / 32], the bytes of
 // quantize_q8_1_bf16; the staged variant writes them from the warps that would otherwise idle
 // while warp 0 folds a row's partials (one launch fewer on the device route), the plain variant
@@ -26,6 +27,10 @@ namespace moecheck::cuda {
 void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y, int64_t rows,
                  int64_t K, int64_t T, void* stream, GgmlType w_type = GgmlType::kBF16,
                  BlockQ8_1* x_q8 = nullptr);
+// The staged variant above kMaxGroupRows tokens runs as a GEMM of 8 rows x 8 tokens a block
+// (cuda/router_gemv.cu, the same bits); false selects the groups-of-8 kernel at every T (for the
+// benchmarks' comparison). Process-wide; default true.
+void set_router_gemm(bool on);
 void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K, int64_t T,
                void* stream);
 // Two matrices of one shape on the same x in one launch (the shared expert's gate and up);

@@ -1,7 +1,8 @@
 // router_gemv: bf16 or f16 router weights [rows, K] times bf16 tokens [T, K], f32 logits [T, rows].
 // Contract: docs/numerics.md "router_gemv"; twin: emu::router_gemv (emulate/router_gemv.h).
 // kPlain runs the plain schedule of cuda/gemv_plain.cuh (kernel in cuda/bf16_gemv.cu); kStaged
-// is here: one block of kRouterStagedThreads per row, thread t taking chunks t, t + 256, ...,
+// is here: one block of kRouterStagedThreads per row (above 8 tokens, per 8 rows x 8 tokens:
+// router_gemm_kernel), thread t taking chunks t, t + 256, ...,
 // partials staged in shared memory, folded by warp 0 (p = part[l], then part[l + 32 w] for
 // w = 1..7 in order) and finished by the butterfly; meanwhile warps 1..7 of every block may
 // write q8_1 of x (cuda/q8_1_block.cuh, the bytes of quantize_q8_1_bf16), one 32-value block
@@ -97,6 +98,130 @@ __global__ void __launch_bounds__(kRouterStagedThreads, 4)
   }
 }
 
+// The staged schedule as a GEMM for T > kMaxGroupRows tokens (docs/numerics.md "router_gemv",
+// "The GEMM form of the staged router"): a block of kRouterStagedThreads threads owns
+// kRouterGemmRows rows x kRouterGemmTokens tokens, and its thread t runs chain t (chunks t,
+// t + 256, ... in increasing order, each chunk's 8 values in order, from +0) of all 64 outputs,
+// so every chain is still one thread's fma sequence in the contract's order; only the outputs
+// are interleaved. The partials then go through shared memory, 32 outputs a round, and each
+// output is folded as the staged kernel folds it (p = part[l], then part[l + 32 w] for w = 1..7
+// in order, then the butterfly), by one warp. Each weight chunk a thread loads serves 8 tokens
+// and each x chunk 8 rows: the staged kernel reads a token's x once per row (384 times at ds41)
+// and was bound by those reads (0.36 ms at T = 512, docs/performance.md). Rows past `rows` and
+// tokens past T load the last row / token (valid memory) and are never stored. Then every warp
+// of the grid writes q8_1 blocks of x (grid-stride), as the staged launch's spare warps do.
+constexpr int kRouterGemmRows = 8;
+constexpr int kRouterGemmTokens = 8;
+constexpr int kRouterGemmRound = 32;  // outputs folded per round (4 rows x 8 tokens)
+
+template <bool kF16W>
+__global__ void __launch_bounds__(kRouterStagedThreads, 1)
+    router_gemm_kernel(const uint16_t* __restrict__ w, const uint16_t* __restrict__ x,
+                       float* __restrict__ y, int64_t rows, int64_t K, int64_t T, BlockQ8_1* xq) {
+  __shared__ float part[kRouterGemmRound][kRouterStagedThreads];
+  const int tid = threadIdx.x;
+  const int lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kRouterGemmTokens;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRouterGemmRows;
+  const int64_t nchunks = K / kGemvChunk;
+  pdl::wait();  // a no-op unless launched programmatically (cuda/pdl.cuh)
+  pdl::launch_dependents();
+
+  // Row and token bases, clamped to the last row / token (their outputs are never stored).
+  const uint16_t* wrow[kRouterGemmRows];
+  const uint16_t* xrow[kRouterGemmTokens];
+#pragma unroll
+  for (int r = 0; r < kRouterGemmRows; ++r) wrow[r] = w + (r0 + r < rows ? r0 + r : rows - 1) * K;
+#pragma unroll
+  for (int n = 0; n < kRouterGemmTokens; ++n) xrow[n] = x + (t0 + n < T ? t0 + n : T - 1) * K;
+
+  float acc[kRouterGemmRows][kRouterGemmTokens];
+#pragma unroll
+  for (int r = 0; r < kRouterGemmRows; ++r)
+#pragma unroll
+    for (int n = 0; n < kRouterGemmTokens; ++n) acc[r][n] = 0.0f;
+
+  for (int64_t c = tid; c < nchunks; c += kRouterStagedThreads) {
+    // Every load of the chunk in flight together: 8 weight rows and 8 tokens.
+    uint4 wv[kRouterGemmRows], xv[kRouterGemmTokens];
+#pragma unroll
+    for (int r = 0; r < kRouterGemmRows; ++r)
+      wv[r] = __ldg(reinterpret_cast<const uint4*>(wrow[r] + c * kGemvChunk));
+#pragma unroll
+    for (int n = 0; n < kRouterGemmTokens; ++n)
+      xv[n] = __ldg(reinterpret_cast<const uint4*>(xrow[n] + c * kGemvChunk));
+    float xf[kRouterGemmTokens][kGemvChunk];
+#pragma unroll
+    for (int n = 0; n < kRouterGemmTokens; ++n) {
+      const uint32_t xw[4] = {xv[n].x, xv[n].y, xv[n].z, xv[n].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        xf[n][2 * i] = bf16_lo(xw[i]);
+        xf[n][2 * i + 1] = bf16_hi(xw[i]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRouterGemmRows; ++r) {
+      const uint32_t ww[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        // Values j = 2 i (the word's low half) and 2 i + 1, in order, as bf16_chunk_fma.
+        const float lo = kF16W ? f16_bits_to_f32(static_cast<uint16_t>(ww[i])) : bf16_lo(ww[i]);
+        const float hi =
+            kF16W ? f16_bits_to_f32(static_cast<uint16_t>(ww[i] >> 16)) : bf16_hi(ww[i]);
+#pragma unroll
+        for (int n = 0; n < kRouterGemmTokens; ++n) acc[r][n] = fma_rn(lo, xf[n][2 * i], acc[r][n]);
+#pragma unroll
+        for (int n = 0; n < kRouterGemmTokens; ++n)
+          acc[r][n] = fma_rn(hi, xf[n][2 * i + 1], acc[r][n]);
+      }
+    }
+  }
+
+  // Two rounds of 32 outputs (rows 4 g .. 4 g + 3 of the tile): every thread stores its chains,
+  // then warp v folds outputs 4 v .. 4 v + 3 of the round (row 4 g + v / 2, tokens 4 (v % 2) ..).
+  constexpr int kRoundRows = kRouterGemmRound / kRouterGemmTokens;
+  static_assert(kRouterGemmRows % kRoundRows == 0 && kRouterGemmRound % kRouterStagedWarps == 0);
+  constexpr int kPerWarp = kRouterGemmRound / kRouterStagedWarps;
+#pragma unroll
+  for (int g = 0; g < kRouterGemmRows / kRoundRows; ++g) {
+    if (g > 0) __syncthreads();  // the previous round's folds have read part
+#pragma unroll
+    for (int i = 0; i < kRouterGemmRound; ++i)
+      part[i][tid] = acc[g * kRoundRows + i / kRouterGemmTokens][i % kRouterGemmTokens];
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kPerWarp; ++k) {
+      const int i = warp * kPerWarp + k;
+      float v = part[i][lane];
+#pragma unroll
+      for (int ww = 1; ww < kRouterStagedWarps; ++ww) v = add_rn(v, part[i][lane + kWarpSize * ww]);
+      v = warp_butterfly(v);
+      const int64_t row = r0 + g * kRoundRows + i / kRouterGemmTokens;
+      const int64_t tok = t0 + i % kRouterGemmTokens;
+      if (lane == 0 && row < rows && tok < T) y[tok * rows + row] = v;
+    }
+  }
+  if (xq == nullptr) return;
+  // q8_1 block j of x (row-major [T, K / 32]) on warp j % 8 of flat block j / 8, and every such
+  // block again a grid's width on.
+  const int64_t n_q8 = T * (K / kQK8_1);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * gridDim.y * kRouterStagedWarps;
+  for (int64_t j =
+           (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kRouterStagedWarps + warp;
+       j < n_q8; j += step)
+    detail::quantize_block_warp(bf16_to_f32(__ldg(x + j * kQK8_1 + lane)), lane, xq + j);
+}
+
+template <bool kF16W>
+void launch_router_gemm(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K,
+                        int64_t T, BlockQ8_1* xq, void* stream) {
+  const dim3 grid(static_cast<unsigned>((T + kRouterGemmTokens - 1) / kRouterGemmTokens),
+                  static_cast<unsigned>((rows + kRouterGemmRows - 1) / kRouterGemmRows));
+  pdl::launch(router_gemm_kernel<kF16W>, grid, dim3(kRouterStagedThreads), 0, as_stream(stream), w,
+              x, y, rows, K, T, xq);
+}
+
 // One launch of router_staged_kernel<kF16W, kN> over `groups` groups of kN tokens from t_first.
 template <bool kF16W, int kN>
 void launch_staged_n(int64_t groups, int64_t t_first, const uint16_t* w, const uint16_t* x,
@@ -129,7 +254,11 @@ void launch_staged(const uint16_t* w, const uint16_t* x, float* y, int64_t rows,
   }
 }
 
+bool g_router_gemm = true;  // cuda::set_router_gemm
+
 }  // namespace
+
+void set_router_gemm(bool on) { g_router_gemm = on; }
 
 void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y, int64_t rows,
                  int64_t K, int64_t T, void* stream, GgmlType w_type, BlockQ8_1* x_q8) {
@@ -161,6 +290,13 @@ void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y
   require_aligned(w, 16, "router_gemv", "w");
   require_aligned(x, 16, "router_gemv", "x");
   require_aligned(y, 4, "router_gemv", "y");
+  // The GEMM's grid holds the row tiles in y (at most 65535); more rows take the staged kernel.
+  if (T > kMaxGroupRows && g_router_gemm &&
+      (rows + kRouterGemmRows - 1) / kRouterGemmRows <= 65535) {
+    if (f16) launch_router_gemm<true>(w, x, y, rows, K, T, x_q8, stream);
+    else launch_router_gemm<false>(w, x, y, rows, K, T, x_q8, stream);
+    return;
+  }
   if (f16) launch_staged<true>(w, x, y, rows, K, T, x_q8, stream);
   else launch_staged<false>(w, x, y, rows, K, T, x_q8, stream);
 }

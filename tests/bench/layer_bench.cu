@@ -273,7 +273,8 @@ void report(int replays) {
 // prefetch_plan = 0 / 1 (LayerOptions::prefetch_plan), x_staged = 0 / 1
 // (cuda::set_bf16_gemv_x_staged), tok_blocks = 0..32 (cuda::set_bf16_gemv_tokens_blocks),
 // stream_tokens = 0.. (cuda::set_mmvq_stream_layer_tokens: the streamed MMVQ above 8 tokens),
-// whole_sm = 0 / 1 and pass_tokens = 0..2 (cuda::set_mmvq_stream_pass_shape; whole_sm first).
+// whole_sm = 0 / 1 and pass_tokens = 0..2 (cuda::set_mmvq_stream_pass_shape; whole_sm first),
+// router_gemm = 0 / 1 (cuda::set_router_gemm: the staged router's GEMM above 8 tokens).
 static int trace_graph(const LayerWeights& w, int64_t T, const std::vector<std::string>& kv) {
   cuda::LayerOptions lo;
   lo.route = RoutePlace::kDevice;
@@ -295,6 +296,7 @@ static int trace_graph(const LayerWeights& w, int64_t T, const std::vector<std::
     else if (k == "x_staged" && (v == 0 || v == 1)) cuda::set_bf16_gemv_x_staged(v == 1);
     else if (k == "tok_blocks" && v >= 0 && v <= 32) cuda::set_bf16_gemv_tokens_blocks(v);
     else if (k == "stream_tokens" && v >= 0) cuda::set_mmvq_stream_layer_tokens(v);
+    else if (k == "router_gemm" && (v == 0 || v == 1)) cuda::set_router_gemm(v == 1);
     else if (k == "pass_tokens" && v >= 0 && v <= 2) cuda::set_mmvq_stream_pass_shape(v, whole_sm);
     else if (k == "whole_sm" && (v == 0 || v == 1)) {
       whole_sm = v == 1;

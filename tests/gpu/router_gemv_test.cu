@@ -1,6 +1,7 @@
 // cuda::router_gemv (plain, staged) vs emu::router_gemv, bitwise: >= 100 seeded random cases per
-// variant (T = 1..11 crosses the 8-token group), adversarial inputs (tests/gpu/gemv_cases.h),
-// each launch twice. Contract: docs/numerics.md "router_gemv".
+// variant (T = 1..11 crosses the 8-token group; the staged GEMM above 8 tokens up to T = 140),
+// adversarial inputs (tests/gpu/gemv_cases.h), each launch twice. Contract: docs/numerics.md
+// "router_gemv".
 #include "core/error.h"
 #include "cuda/kernels.h"
 #include "emulate/quantize_q8_1.h"
@@ -64,6 +65,47 @@ TEST(RouterGemv, Ds41Router384x5120_BothVariants_T1_T8) {
       ASSERT_TRUE(
           same_f32("router logits", dy.host(), want, rows,
                    gputest::repro(4100 + T, v == RouterVariant::kPlain ? "plain" : "staged")));
+    }
+  }
+}
+
+// The staged variant above 8 tokens runs as a GEMM of 8 rows x 8 tokens a block: token counts
+// across its tiles (9 .. 140, ragged last tiles), ragged rows (1 .. 70) and K from one chunk
+// (threads without a chunk hold +0) to 400, bf16 and f16 weights, the adversarial cases of
+// gemv_cases.h (ties, overflowing products, subnormals, NaN, Inf). The groups-of-8 kernel
+// (cuda::set_router_gemm(false)) on the same cases gives the same bits.
+TEST(RouterGemv, StagedGemmEqualsEmu_T9To140_BothWeightTypes_100Seeds) {
+  MOECHECK_REQUIRE_GPU();
+  for (uint64_t s = 1; s <= 100; ++s) {
+    const int64_t T = 9 + static_cast<int64_t>((s * 37) % 132);
+    ASSERT_NO_FATAL_FAILURE(check(RouterVariant::kStaged, 12000 + s, GgmlType::kBF16, T));
+    ASSERT_NO_FATAL_FAILURE(check(RouterVariant::kStaged, 12500 + s, GgmlType::kF16, T));
+  }
+  cuda::set_router_gemm(false);
+  for (uint64_t s = 1; s <= 20; ++s)
+    ASSERT_NO_FATAL_FAILURE(
+        check(RouterVariant::kStaged, 12000 + s, GgmlType::kBF16, 9 + (s * 37) % 132));
+  cuda::set_router_gemm(true);
+}
+
+// The ds41 router (384 x 5120) at T = 64 and 512 through the GEMM, twice, bitwise equal to the
+// emulation both times.
+TEST(RouterGemv, Ds41Router384x5120_StagedGemm_T64_T512_Twice) {
+  MOECHECK_REQUIRE_GPU();
+  for (int64_t T : {64, 512}) {
+    emutest::Gen g(4300 + T);
+    const int64_t rows = 384, K = 5120;
+    const auto w = g.bf16(rows * K, 0.02), x = g.bf16(T * K, 1.0);
+    std::vector<float> want(static_cast<size_t>(T * rows));
+    emu::router_gemv(RouterVariant::kStaged, w.data(), x.data(), want.data(), rows, K, T);
+    DevArray<uint16_t> dw(w), dx(x);
+    DevArray<float> dy(want.size());
+    for (int rep = 0; rep < 2; ++rep) {
+      dy.poison();
+      cuda::router_gemv(RouterVariant::kStaged, dw.get(), dx.get(), dy.get(), rows, K, T, nullptr);
+      ASSERT_TRUE(same_f32("router logits (GEMM)", dy.host(), want, rows,
+                           gputest::repro(4300 + T, "staged T=" + std::to_string(T) + " run " +
+                                                        std::to_string(rep))));
     }
   }
 }
