@@ -21,9 +21,10 @@ namespace moecheck::cuda {
 // GEMM, cuda/bf16_gemm.cu, the staged router as one too, cuda/router_gemv.cu; no bit depends on
 // the grouping or the kernel).
 // x_q8 (optional, K a multiple of 32): also q8_1 of x [T, K / 32], the bytes of
-// quantize_q8_1_bf16; the staged variant writes them from the warps that would otherwise idle
-// while warp 0 folds a row's partials (one launch fewer on the device route), the plain variant
-// by a quantize_q8_1_bf16 launch after its own.
+// quantize_q8_1_bf16; the staged variant writes them in its own launch (one launch fewer on the
+// device route): up to 8 tokens from the warps that would otherwise idle while warp 0 folds a
+// row's partials, above 8 tokens (the GEMM) from every warp after its folds; the plain variant by
+// a quantize_q8_1_bf16 launch after its own.
 void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y, int64_t rows,
                  int64_t K, int64_t T, void* stream, GgmlType w_type = GgmlType::kBF16,
                  BlockQ8_1* x_q8 = nullptr);
