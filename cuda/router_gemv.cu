@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kRouterStagedThreads, 4)
 }
 
 // The staged schedule as a GEMM for T > kMaxGroupRows tokens (docs/numerics.md "router_gemv",
-// "The GEMM form of the staged router"): a block of kRouterStagedThreads threads owns
+// "The staged variant's GEMM form"): a block of kRouterStagedThreads threads owns
 // kRouterGemmRows rows x kRouterGemmTokens tokens, and its thread t runs chain t (chunks t,
 // t + 256, ... in increasing order, each chunk's 8 values in order, from +0) of all 64 outputs,
 // so every chain is still one thread's fma sequence in the contract's order; only the outputs
