@@ -106,8 +106,8 @@ __global__ void __launch_bounds__(kRouterStagedThreads, 4)
 // are interleaved. The partials then go through shared memory, 32 outputs a round, and each
 // output is folded as the staged kernel folds it (p = part[l], then part[l + 32 w] for w = 1..7
 // in order, then the butterfly), by one warp. Each weight chunk a thread loads serves 8 tokens
-// and each x chunk 8 rows: the staged kernel reads a token's x once per row (384 times at ds41)
-// and was bound by those reads (0.36 ms at T = 512, docs/performance.md). Rows past `rows` and
+// and each x chunk 8 rows, where the staged kernel reads a token's x once per row (384 times at
+// ds41): 0.36 against 0.16 ms at T = 512 (docs/performance.md). Rows past `rows` and
 // tokens past T load the last row / token (valid memory) and are never stored. Then every warp
 // of the grid writes q8_1 blocks of x (grid-stride), as the staged launch's spare warps do.
 constexpr int kRouterGemmRows = 8;
