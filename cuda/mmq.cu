@@ -191,7 +191,7 @@ __device__ __forceinline__ void compute_round(const Item& m, int r, int nsb, con
   const int nsb_r = nsb - kSbPerRound * r < kSbPerRound ? nsb - kSbPerRound * r : kSbPerRound;
   const uint32_t row_bytes = static_cast<uint32_t>(nsb) * Q<kQ2K>::kBlock;
   const uint8_t* act = st + Q<kQ2K>::kWeights;
-  const int halves = !kWide && m.n[1] > 0 ? 2 : 1;
+  constexpr int halves = kWide ? 1 : 2;  // a pair item's second half holds a token or more
   constexpr int kTiles = kWide ? 2 : 1;  // 16-row mma tiles of the warp
   // Each row's phase: its round start's address mod 16 (32-bit arithmetic suffices: only the
   // low 4 bits are used).
@@ -229,21 +229,18 @@ __device__ __forceinline__ void compute_round(const Item& m, int r, int nsb, con
     for (int tl = 0; tl < kTiles; ++tl) {
       const RowSb r0 = row_sb<kQ2K>(st, ph[tl][0] + a * Q<kQ2K>::kBlock, wc, c);
       const RowSb r1 = row_sb<kQ2K>(st, ph[tl][1] + a * Q<kQ2K>::kBlock, wc, c);
-      if constexpr (kWide) {  // tile tl's chains against half 0
-        using One = float[1][4];
-        using OneW = uint32_t[1];
-        using OneD = float[1][2];
-        unit_chain<kQ2K, 0>(r0, r1, 2 * wc, 1, reinterpret_cast<const OneW&>(b0[0][0]),
-                            reinterpret_cast<const OneW&>(b1[0][0]),
-                            reinterpret_cast<const OneD&>(d8[0][0]),
-                            reinterpret_cast<One&>(acc[a][0][tl]));
-        unit_chain<kQ2K, 1>(r0, r1, 2 * wc + 1, 1, reinterpret_cast<const OneW&>(b0[1][0]),
-                            reinterpret_cast<const OneW&>(b1[1][0]),
-                            reinterpret_cast<const OneD&>(d8[1][0]),
-                            reinterpret_cast<One&>(acc[a][1][tl]));
+      // Pair items: both halves into acc[a][bb][half]; single items: tile tl's chains against
+      // half 0 into acc[a][bb][tl].
+      float(&x0)[4] = acc[a][0][kWide ? tl : 0];
+      float(&x1)[4] = acc[a][1][kWide ? tl : 0];
+      float(&y0)[4] = acc[a][0][kWide ? tl : 1];
+      float(&y1)[4] = acc[a][1][kWide ? tl : 1];
+      if (tile_finite(r0, r1)) {
+        unit_chain<kQ2K, 0, halves, true>(r0, r1, 2 * wc, b0[0], b1[0], d8[0], x0, y0);
+        unit_chain<kQ2K, 1, halves, true>(r0, r1, 2 * wc + 1, b0[1], b1[1], d8[1], x1, y1);
       } else {
-        unit_chain<kQ2K, 0>(r0, r1, 2 * wc, halves, b0[0], b1[0], d8[0], acc[a][0]);
-        unit_chain<kQ2K, 1>(r0, r1, 2 * wc + 1, halves, b0[1], b1[1], d8[1], acc[a][1]);
+        unit_chain<kQ2K, 0, halves, false>(r0, r1, 2 * wc, b0[0], b1[0], d8[0], x0, y0);
+        unit_chain<kQ2K, 1, halves, false>(r0, r1, 2 * wc + 1, b0[1], b1[1], d8[1], x1, y1);
       }
     }
   }
@@ -315,49 +312,49 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(MmqArgs p) {
   const int nsb = static_cast<int>(p.K / kQK_K), rounds = (nsb + kSbPerRound - 1) / kSbPerRound;
   const int64_t items = (p.rows + kWideRows - 1) / kWideRows * ng * p.n_proj;
   float* xch = reinterpret_cast<float*>(smem + 2 * Q<kQ2K>::kStage);
-  float acc[4][2][kParts][4];
   // Items blockIdx.x, + gridDim.x, ... (those another item computes skipped); each in `rounds`
   // steps, the next step's round loaded while this one computes. The item is decoded once, when
-  // its first round is loaded.
+  // its first round is loaded; its chains start at +0 once, before its first round.
   Item m;
   int64_t it = next_item(p, blockIdx.x, items, ng, g0, m);
   if (it >= items) return;
   load_round<kQ2K, kCheck>(p, m, 0, nsb, smem);
-  int r = 0, buf = 0;
+  int buf = 0;
   for (;;) {
-    int r1 = r + 1;
+    float acc[4][2][kParts][4];
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+      for (int bb = 0; bb < 2; ++bb)
+#pragma unroll
+        for (int x = 0; x < kParts; ++x)
+#pragma unroll
+          for (int o = 0; o < 4; ++o) acc[a][bb][x][o] = 0.0f;
+    Item m1 = m;  // the item of the step after the last round: this one's next phase, or the next
     int64_t it1 = it;
-    Item m1 = m;
-    if (r1 == rounds) {
-      r1 = 0;
-      if (!m.wide && (m.row0 & kTileRows) == 0 && m.row0 + kTileRows < p.rows)
-        m1.row0 = m.row0 + kTileRows;  // a pair item's second phase
-      else it1 = next_item(p, it + gridDim.x, items, ng, g0, m1);
+    bool more = true;
+    for (int r = 0; r < rounds; ++r) {
+      int r1 = r + 1;
+      if (r1 == rounds) {
+        r1 = 0;
+        if (!m.wide && (m.row0 & kTileRows) == 0 && m.row0 + kTileRows < p.rows)
+          m1.row0 = m.row0 + kTileRows;  // a pair item's second phase
+        else it1 = next_item(p, it + gridDim.x, items, ng, g0, m1);
+        more = it1 < items;
+      }
+      // One barrier per step: this step's round has landed (the only copy group in flight) and
+      // every warp has finished the previous step, whose buffer the next round then refills.
+      asm volatile("cp.async.wait_group 0;");
+      __syncthreads();
+      if (more) load_round<kQ2K, kCheck>(p, m1, r1, nsb, smem + (buf ^ 1) * Q<kQ2K>::kStage);
+      if (m.wide) compute_round<kQ2K, true>(m, r, nsb, smem + buf * Q<kQ2K>::kStage, acc);
+      else compute_round<kQ2K, false>(m, r, nsb, smem + buf * Q<kQ2K>::kStage, acc);
+      buf ^= 1;
     }
-    const bool more = it1 < items;
-    // One barrier per step: this step's round has landed (the only copy group in flight) and
-    // every warp has finished the previous step, whose buffer the next round then refills.
-    asm volatile("cp.async.wait_group 0;");
-    __syncthreads();
-    if (more) load_round<kQ2K, kCheck>(p, m1, r1, nsb, smem + (buf ^ 1) * Q<kQ2K>::kStage);
-    if (r == 0) {
-#pragma unroll
-      for (int a = 0; a < 4; ++a)
-#pragma unroll
-        for (int bb = 0; bb < 2; ++bb)
-#pragma unroll
-          for (int x = 0; x < kParts; ++x)
-#pragma unroll
-            for (int o = 0; o < 4; ++o) acc[a][bb][x][o] = 0.0f;
-    }
-    if (m.wide) compute_round<kQ2K, true>(m, r, nsb, smem + buf * Q<kQ2K>::kStage, acc);
-    else compute_round<kQ2K, false>(m, r, nsb, smem + buf * Q<kQ2K>::kStage, acc);
-    if (r == rounds - 1) finish_item<kCheck>(p, m, acc, xch);
+    finish_item<kCheck>(p, m, acc, xch);
     if (!more) break;
     m = m1;
-    r = r1;
     it = it1;
-    buf ^= 1;
   }
 }
 

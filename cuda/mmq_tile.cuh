@@ -35,11 +35,12 @@ namespace moecheck::cuda::mmq_tile {
 // the operands here).
 __device__ __forceinline__ void mma_k32_u8s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1, int c) {
-  d[0] = d[1] = d[2] = d[3] = c;
+  // C in its own operands (the same value four times), so the compiler keeps one constant quad
+  // for every product instead of writing c into each D first.
   asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+      "{%10,%10,%10,%10};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c));
 }
 
 // D = A (16 x 16 s8, row) * B (16 x 8 s8, col), s32: exact.
@@ -83,6 +84,10 @@ struct RowSb {
   int sc[4];      // scales of sub-blocks 4 wc .. 4 wc + 3 (Q3_K: signed)
   uint32_t mn;    // Q2_K: the mins of the same sub-blocks, one per byte
   float d, dmin;
+  // The factor of the biased conversion (Q2_K: dmin, Q3_K: d) times -1.5 * 2^23, exact when the
+  // factor is finite (an f16's 11 significant bits times 1.5's two); `finite` says it is.
+  float cm;
+  bool finite;
 };
 
 // Row data of super-block `blk` (byte offset of the block in shared memory `s`, 2-byte aligned
@@ -104,6 +109,8 @@ __device__ __forceinline__ RowSb row_sb(const uint8_t* s, int blk, int wc, int c
     r.mn = (scw >> 4) & 0x0F0F0F0Fu;
     r.d = f16_operand(static_cast<uint16_t>(dd & 0xFFFF));
     r.dmin = f16_operand(static_cast<uint16_t>(dd >> 16));
+    r.cm = mul_rn(r.dmin, -12582912.0f);
+    r.finite = (dd & 0x7C000000u) != 0x7C000000u;
     r.h[0] = r.h[1] = 0;
   } else {  // hmask[32] | qs[64] @32 | scales[12] @96 | d @108; blocks 2-byte aligned
     const uint32_t* w = reinterpret_cast<const uint32_t*>(s + (blk & ~3));
@@ -123,21 +130,38 @@ __device__ __forceinline__ RowSb row_sb(const uint8_t* s, int blk, int wc, int c
     r.sc[2] = byte_of<2>(sp) - 32;
     r.sc[3] = byte_of<3>(sp) - 32;
     r.mn = 0;
-    r.d = f16_operand(lds_u16(s, blk + 108));
+    const uint16_t dh = lds_u16(s, blk + 108);
+    r.d = f16_operand(dh);
     r.dmin = 0.0f;
+    r.cm = mul_rn(r.d, -12582912.0f);
+    r.finite = (dh & 0x7C00u) != 0x7C00u;
   }
   return r;
 }
 
+// Whether every row of the warp's 16-row tile has a finite conversion factor (RowSb::cm) in this
+// super-block: the condition of unit_chain's kFast form (warp-uniform).
+__device__ __forceinline__ bool tile_finite(const RowSb& r0, const RowSb& r1) {
+  return __all_sync(0xFFFFFFFFu, r0.finite && r1.finite);
+}
+
 // Unit b = 2 wc + bb of rows r0 (g) and r1 (g + 8) against the token columns of B (b0[h], b1[h]
-// for the 8-column half h < halves, 1 or 2), its float part chained into acc[h][4] (D order:
-// (g, 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1)); d8[h][2] are the activation scales of
-// half h's token columns 2c, 2c + 1 for this unit. The weight fragment is built once for both
-// halves.
-template <bool kQ2K, int kBb, int kH>
-__device__ __forceinline__ void unit_chain(const RowSb& r0, const RowSb& r1, int b, int halves,
-                                           const uint32_t (&b0)[kH], const uint32_t (&b1)[kH],
-                                           const float (&d8)[kH][2], float (&acc)[kH][4]) {
+// for the 8-column half h < kH, 1 or 2), its float part chained into acc0 (half 0) and acc1
+// (half 1; untouched when kH is 1), each in D order: (g, 2c), (g, 2c + 1), (g + 8, 2c),
+// (g + 8, 2c + 1); d8[h][2] are the activation scales of half h's token columns 2c, 2c + 1 for
+// this unit. The weight fragment is built once for both halves.
+// kFast (every row's factor finite, tile_finite): the biased integer X + kBias times the factor
+// f plus RowSb::cm = -1.5 * 2^23 f is f * X exactly before its one rounding, so a single fma_rn
+// gives mul_rn(f, float(X)) (Q2_K: dmin * B, Q3_K: d * A) without the subtraction. The two can
+// differ only in the sign of a zero, which no chain can see: a chain starts at +0, so it is
+// never -0, and adding a product of either zero to it leaves it unchanged (docs/numerics.md
+// "mmvq_q2k, mmvq_q3k"). An infinite or NaN factor takes the plain form.
+template <bool kQ2K, int kBb, int kH, bool kFast>
+__device__ __forceinline__ void unit_chain(const RowSb& r0, const RowSb& r1, int b,
+                                           const uint32_t (&b0)[2], const uint32_t (&b1)[2],
+                                           const float (&d8)[2][2], float (&acc0)[4],
+                                           float (&acc1)[4]) {
+  static_assert(kH == 1 || kH == 2);
   const int sh = 2 * (b & 3);
   const RowSb* rr[2] = {&r0, &r1};
   if constexpr (kQ2K) {
@@ -150,15 +174,17 @@ __device__ __forceinline__ void unit_chain(const RowSb& r0, const RowSb& r1, int
     }
 #pragma unroll
     for (int h = 0; h < kH; ++h) {
-      if (h >= halves) break;
+      float(&acc)[4] = h == 0 ? acc0 : acc1;
       int dA[4], dB[4];  // A + kBias, B + kBias
       mma_k32_u8s8(dA, a, b0[h], b1[h], kBias);
       mma_k32_u8s8(dB, am, b0[h], b1[h], kBias);
 #pragma unroll
       for (int o = 0; o < 4; ++o) {
         const RowSb& r = *rr[o >> 1];
-        const float t = fma_rn(r.d, biased_float(dA[o]), -mul_rn(r.dmin, biased_float(dB[o])));
-        acc[h][o] = fma_rn(d8[h][o & 1], t, acc[h][o]);
+        const float m = kFast ? fma_rn(r.dmin, __int_as_float(dB[o]), r.cm)
+                              : mul_rn(r.dmin, biased_float(dB[o]));
+        const float t = fma_rn(r.d, biased_float(dA[o]), -m);
+        acc[o] = fma_rn(d8[h][o & 1], t, acc[o]);
       }
     }
   } else {
@@ -173,7 +199,7 @@ __device__ __forceinline__ void unit_chain(const RowSb& r0, const RowSb& r1, int
     }
 #pragma unroll
     for (int h = 0; h < kH; ++h) {
-      if (h >= halves) break;
+      float(&acc)[4] = h == 0 ? acc0 : acc1;
       int p0[4], p1[4];
       mma_k16_s8s8(p0, a[0], a[1], b0[h]);
       mma_k16_s8s8(p1, a[2], a[3], b1[h]);
@@ -181,7 +207,8 @@ __device__ __forceinline__ void unit_chain(const RowSb& r0, const RowSb& r1, int
       for (int o = 0; o < 4; ++o) {
         const RowSb& r = *rr[o >> 1];
         const int A = r.sc[2 * kBb] * p0[o] + (r.sc[2 * kBb + 1] * p1[o] + kBias);  // A + kBias
-        acc[h][o] = fma_rn(d8[h][o & 1], mul_rn(r.d, biased_float(A)), acc[h][o]);
+        const float t = kFast ? fma_rn(r.d, __int_as_float(A), r.cm) : mul_rn(r.d, biased_float(A));
+        acc[o] = fma_rn(d8[h][o & 1], t, acc[o]);
       }
     }
   }

@@ -8,10 +8,12 @@
 // the same bytes (exit 1 if not). Each figure: weight bytes (every expert's once) / kernel time,
 // beside the device-to-device copy bandwidth measured first in this process, and the integer MACs
 // per second. Weights rotate among sets larger than L2 between launches; launches replayed from a
-// CUDA graph. Markdown table last.
+// CUDA graph. Markdown table last. `mmq_bench N...` times only the given rows per expert (1 to
+// 128), each validated first (a profiler's run of one shape).
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -70,8 +72,23 @@ struct Row {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::vector<int64_t> ns = {1, 2, 4, 8, 9, 16, 32, 64, 128};
+  const bool chosen = argc > 1;
+  if (chosen) {
+    ns.clear();
+    for (int i = 1; i < argc; ++i) {
+      char* end = nullptr;
+      const long long n = std::strtoll(argv[i], &end, 10);
+      if (end == argv[i] || *end != '\0' || n < 1 || n > kMaxRows) {
+        std::fprintf(stderr, "mmq_bench: rows per expert must be 1..%lld, found '%s'\n",
+                     static_cast<long long>(kMaxRows), argv[i]);
+        return 2;
+      }
+      ns.push_back(n);
+    }
+  }
   const double copy = bench::copy_bandwidth_gbs();
   std::printf("GPU: %s\ndevice-to-device copy: %.0f GB/s (read + write, 1 GiB, median of 25)\n",
               bench::gpu_name().c_str(), copy);
@@ -104,7 +121,7 @@ int main() {
   MOECHECK_CUDA_CHECK(cudaMalloc(&d_groups, 4 * kExperts * kMaxRows * sizeof(MmvqGroup)));
 
   std::vector<Row> rows;
-  for (int64_t n : {1, 2, 4, 8, 9, 16, 32, 64, 128}) {
+  for (int64_t n : ns) {
     const Groups gr = make_groups(n);
     const int64_t G = gr.G;
     std::vector<MmvqGroup> all = gr.gu;
@@ -113,8 +130,8 @@ int main() {
         cudaMemcpy(d_groups, all.data(), all.size() * sizeof(MmvqGroup), cudaMemcpyHostToDevice));
     const MmvqGroup* dgu = d_groups;
     const MmvqGroup* ddn = d_groups + 2 * G;
-    // Validation on set 0 (n = 2, 9 and 64: small, ragged and full groups).
-    if (n == 2 || n == 9 || n == 64) {
+    // Validation on set 0 (n = 2, 9 and 64: small, ragged and full groups; every chosen n).
+    if (chosen || n == 2 || n == 9 || n == 64) {
       const auto w = bench::to_host<uint8_t>(pool, set_bytes);
       std::vector<const uint8_t*> hs;
       for (int64_t e = 0; e < 3 * kExperts; ++e) hs.push_back(w.data() + (tab[e] - pool));
