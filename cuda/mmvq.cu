@@ -123,11 +123,89 @@ __device__ __forceinline__ void compute_tile(const MmvqParams& p, const uint8_t*
 // so that 24 warps fit an SM: the pair loop is issue bound, and occupancy pays more than a
 // deeper copy pipeline; up to 8 tokens (kN = 8) at 128 (512 threads per SM: the 2 x 8 chains
 // and two decoded weight units stay in registers, and the staged activation of 8 tokens limits
-// a ds41 gate block to two per SM anyway). Block b walks the contiguous tiles [b * tiles / grid,
-// (b + 1) * tiles / grid): consecutive row blocks of mostly one group, so the activation is
-// staged once per group change and the weight reads are sequential.
+// a ds41 gate block to two per SM anyway). Block b walks a contiguous range of tiles
+// (block_tiles): consecutive row blocks of mostly one group, so the activation is staged once
+// per group change and the weight reads are sequential.
 constexpr int mmvq_min_blocks(int warps, int r, int n) {
   return (r == 1 ? 32 : n == 1 ? 24 : 16) / warps;
+}
+
+// The work of a groups-form tile of n tokens, in units of one token's dots: its rows' units
+// are decoded once (about two tokens' worth: mmq_bench's dp4a kernel at 2 - 8 tokens a group
+// fits 2.0 + n for Q2_K and 2.5 + n for Q3_K, 2026-12-04) and then dotted with each token.
+constexpr int kTileDecodeCost = 2;
+// Above this many groups the blocks split the tiles evenly by count (each block would read
+// every group's n).
+constexpr int64_t kWeighedGroupsMax = 8192;
+
+// Block blockIdx.x's tiles [begin, end) of the launch's rb * G (group-major). Groups-form
+// launches whose groups may hold several tokens split them by work, kTileDecodeCost + n a
+// tile, so that a block of 8-token groups does not take as many tiles as one of 1-token groups
+// (ncu, 2026-12-04: the ds41 gate / up launch at T = 512 kept its multiprocessors active 70 %
+// of its span with tiles split by count); other launches, the one-token kernels and the
+// one-row-a-warp ones (kWeigh false: at 64 registers the scan made them spill) split them by
+// count. Block b starts at the first tile whose work before it reaches W b / grid (W the
+// launch's total), so the ranges of consecutive blocks meet and cover every tile once whatever
+// the groups' sizes. Which block computes a tile never changes its arithmetic.
+struct TileRange {
+  int64_t begin, end;
+};
+template <int kThreads, bool kWeigh>
+__device__ __forceinline__ TileRange block_tiles(const MmvqParams& p, int rb, int64_t G) {
+  const int64_t tiles = static_cast<int64_t>(rb) * G;
+  if (!kWeigh || p.form != Form::kGroups || p.max_n == 1 || G > kWeighedGroupsMax) {
+    return {tiles * blockIdx.x / gridDim.x, tiles * (blockIdx.x + 1) / gridDim.x};
+  }
+  constexpr int kWarpsB = kThreads / kWarpSize;
+  __shared__ int warp_sum[kWarpsB];
+  __shared__ int64_t bound[2];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % kWarpSize, warp = tid / kWarpSize;
+  // Thread tid sums the work of groups [g_lo, g_hi), then an exclusive scan over the threads.
+  // G <= kWeighedGroupsMax: the sums (at most 8192 x (2 + 8)) fit an int.
+  const int chunk = (static_cast<int>(G) + kThreads - 1) / kThreads;
+  const int g_lo = tid * chunk < G ? tid * chunk : static_cast<int>(G);
+  const int g_hi = g_lo + chunk < G ? g_lo + chunk : static_cast<int>(G);
+  int mine = 0;
+#pragma unroll 1
+  for (int g = g_lo; g < g_hi; ++g) mine += kTileDecodeCost + __ldg(&stored_group(p, g)->n);
+  int incl = mine;
+#pragma unroll
+  for (int d = 1; d < kWarpSize; d *= 2) {
+    const int v = __shfl_up_sync(0xFFFFFFFFu, incl, d);
+    if (lane >= d) incl += v;
+  }
+  if (lane == kWarpSize - 1) warp_sum[warp] = incl;
+  __syncthreads();
+  int before = incl - mine, total = 0;
+  for (int w = 0; w < kWarpsB; ++w) {
+    if (w < warp) before += warp_sum[w];
+    total += warp_sum[w];
+  }
+  // Work is counted per tile: group g's rb tiles span [rb C_g, rb C_(g+1)), C its exclusive sum.
+  const int64_t W = static_cast<int64_t>(total) * rb;
+  for (int k = 0; k < 2; ++k) {
+    const int64_t target = W * (blockIdx.x + k) / gridDim.x;
+    if (target >= W) {
+      if (tid == 0) bound[k] = tiles;
+      continue;
+    }
+    const int64_t lo = static_cast<int64_t>(rb) * before;
+    if (target < lo || target >= lo + static_cast<int64_t>(rb) * mine) continue;  // its owner
+    int64_t c = lo;  // work before group g
+#pragma unroll 1
+    for (int g = g_lo; g < g_hi; ++g) {
+      const int cost = kTileDecodeCost + __ldg(&stored_group(p, g)->n);
+      const int64_t next = c + static_cast<int64_t>(rb) * cost;
+      if (target < next) {
+        // The first tile of g at or past the target.
+        bound[k] = static_cast<int64_t>(g) * rb + (target - c + cost - 1) / cost;
+        break;
+      }
+      c = next;
+    }
+  }
+  __syncthreads();
+  return {bound[0], bound[1]};
 }
 
 template <GgmlType kType, int kWarps, int kR, int kN>
@@ -140,10 +218,9 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, mmvq_min_blocks(kWarps, kR,
   const int units = static_cast<int>(p.K / kQK8_1);
   const ActLayout L(buf_bytes, mmvq_buffers(kR), units, p.max_n);
   const int rb = static_cast<int>((p.rows + kTileRows - 1) / kTileRows);  // row blocks per group
-  const int64_t tiles = static_cast<int64_t>(rb) * live_groups(p);
-  const int64_t t_begin = tiles * blockIdx.x / gridDim.x,
-                t_end = tiles * (blockIdx.x + 1) / gridDim.x;
-  const int n_tiles = static_cast<int>(t_end - t_begin);
+  const TileRange range = block_tiles<kThreads, (kR == 2 && kN > 1)>(p, rb, live_groups(p));
+  const int64_t t_begin = range.begin;
+  const int n_tiles = static_cast<int>(range.end - t_begin);
 
   const TileWalk<kThreads, kTileRows> walk{p, rb, smem, buf_bytes};
   TileCursor c0{static_cast<int>(t_begin / rb), static_cast<int>(t_begin % rb)};
