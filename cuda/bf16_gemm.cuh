@@ -14,12 +14,12 @@ namespace moecheck::cuda::detail {
 // kGemmBlockRows x kGemmBlockTokens outputs. No bit depends on any of these.
 inline constexpr int kGemmWarpRows = 8;
 inline constexpr int kGemmWarpTokens = 8;
-inline constexpr int kGemmWarpsR = 4;
+inline constexpr int kGemmWarpsR = 6;
 inline constexpr int kGemmWarpsT = 2;
-inline constexpr int kGemmBlockRows = kGemmWarpRows * kGemmWarpsR;      // 32
+inline constexpr int kGemmBlockRows = kGemmWarpRows * kGemmWarpsR;      // 48
 inline constexpr int kGemmBlockTokens = kGemmWarpTokens * kGemmWarpsT;  // 16
-inline constexpr int kGemmThreads = kGemmWarpsR * kGemmWarpsT * 32;     // 256
-inline constexpr int kGemmStages = 4;  // K slabs in flight (cp.async ring)
+inline constexpr int kGemmThreads = kGemmWarpsR * kGemmWarpsT * 32;     // 384
+inline constexpr int kGemmStages = 4;  // K slabs in flight (the ring of tile copies)
 
 // True when bf16_gemv / bf16_gemv_pair take the GEMM for T tokens (the GEMV otherwise).
 inline constexpr bool use_bf16_gemm(int64_t T) { return T > kMaxGroupRows; }
