@@ -42,11 +42,17 @@ struct LayerOptions {
   int expert_warps = kDefaultExpertWarps;  // 2, 4 or 8 warps per MMVQ block; no bit depends on it
   bool shared_side_stream = true;          // shared expert on a side stream; no bit depends on it
   // Device route with the side stream: where the shared expert forks, shared_fork_small for
-  // forwards of up to shared_fork_max_tokens tokens, shared_fork_large above (defaults measured
-  // on the H200, docs/performance.md). No bit depends on them.
+  // forwards of up to shared_fork_max_tokens tokens; above that shared_fork_mid for forwards of
+  // shared_fork_mid_min_tokens .. shared_fork_mid_max_tokens tokens and shared_fork_large for the
+  // rest (defaults measured on the H200, docs/performance.md: after the selection at 17 - 128
+  // tokens, where the shared GEMM's blocks would otherwise hold the multiprocessors while the
+  // selection and the plan wait for one). No bit depends on them.
   int64_t shared_fork_max_tokens = 1;
   SharedFork shared_fork_small = SharedFork::kRouterStart;
   SharedFork shared_fork_large = SharedFork::kRouter;
+  int64_t shared_fork_mid_min_tokens = 17;
+  int64_t shared_fork_mid_max_tokens = 128;
+  SharedFork shared_fork_mid = SharedFork::kSelection;
   // Device route: the launches of its chains (selection -> MMVQ -> SwiGLU -> MMVQ on the main
   // stream, the bf16 shared expert's SwiGLU -> GEMV on the side stream) made as programmatic
   // dependent launches (cuda/pdl.cuh), so each kernel starts while its predecessor finishes and
@@ -90,6 +96,14 @@ struct LayerOptions {
   // the cache's reader pool. No bit depends on it.
   int prefetch_k = 0;
 };
+
+// The fork point LayerOptions gives a forward of T tokens (the shared_fork_* fields above).
+inline SharedFork shared_fork_at(const LayerOptions& o, int64_t T) {
+  if (T <= o.shared_fork_max_tokens) return o.shared_fork_small;
+  if (T >= o.shared_fork_mid_min_tokens && T <= o.shared_fork_mid_max_tokens)
+    return o.shared_fork_mid;
+  return o.shared_fork_large;
+}
 
 // What stage() leaves for launch() and finish() (the seeds' MoeV41Stage): the routing, the
 // distinct expert count, and the timing of the host span so far (route_ms, fetch_ms, hits,

@@ -218,12 +218,12 @@ Routing MoeLayer::Impl::header_routing(int64_t T, const uint8_t* image_mask) {
 void MoeLayer::Impl::device_body(int64_t T, bool masked) {
   const MoeConfig& c = w.config;
   const DevicePlanLayout D(T, c.topk);
-  // The fork (LayerOptions::shared_fork_small / _large). q8_1 of x stays on the main stream
+  // The fork (LayerOptions::shared_fork_small / _mid / _large). q8_1 of x stays on the main stream
   // (measured: on the side stream ahead of the shared expert it made the one-token layer 2 us
   // slower, docs/performance.md), in the router's launch unless a K-quant shared expert, which
   // reads x_q8, forks before the router ends.
   const bool use_side = o.shared_side_stream;
-  const SharedFork at = T > o.shared_fork_max_tokens ? o.shared_fork_large : o.shared_fork_small;
+  const SharedFork at = shared_fork_at(o, T);
   const bool early = at == SharedFork::kInput || at == SharedFork::kRouterStart;
   const bool q8_apart = use_side && !dense_shared && early;
   auto fork = [&] {
