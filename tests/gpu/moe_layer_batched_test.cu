@@ -178,6 +178,36 @@ TEST(CudaMoeLayerBatched, MaxTokens_UpToItRuns_LargerRefused) {
   EXPECT_THROW(cuda::MoeLayer(w, co), InputError);
 }
 
+// Which fork point the options give each T (host only: runs without a GPU). The defaults:
+// kRouterStart at one token, kSelection at 17 - 128 tokens, kRouter otherwise; a forward's bits
+// do not depend on it (the device-route variants above run the defaults at T = 9 .. 200).
+TEST(CudaMoeLayerBatched, SharedForkAt_DefaultsAndCustomRanges) {
+  using cuda::SharedFork;
+  const cuda::LayerOptions d;
+  for (int64_t T = 1; T <= 600; ++T) {
+    const SharedFork want = T == 1                ? SharedFork::kRouterStart
+                            : T >= 17 && T <= 128 ? SharedFork::kSelection
+                                                  : SharedFork::kRouter;
+    ASSERT_EQ(cuda::shared_fork_at(d, T), want) << "repro: default LayerOptions, T=" << T;
+  }
+  cuda::LayerOptions o;
+  o.shared_fork_max_tokens = 4;
+  o.shared_fork_small = SharedFork::kInput;
+  o.shared_fork_mid_min_tokens = 2;  // below max_tokens: the small range wins up to 4
+  o.shared_fork_mid_max_tokens = 8;
+  o.shared_fork_large = SharedFork::kRouterStart;
+  const std::pair<int64_t, SharedFork> cases[] = {{1, SharedFork::kInput},
+                                                  {4, SharedFork::kInput},
+                                                  {5, SharedFork::kSelection},
+                                                  {8, SharedFork::kSelection},
+                                                  {9, SharedFork::kRouterStart}};
+  for (const auto& [T, want] : cases)
+    EXPECT_EQ(cuda::shared_fork_at(o, T), want) << "repro: max_tokens 4, mid 2..8, T=" << T;
+  o.shared_fork_mid_min_tokens = 9;  // an empty middle range
+  o.shared_fork_mid_max_tokens = 8;
+  EXPECT_EQ(cuda::shared_fork_at(o, 8), SharedFork::kRouterStart) << "repro: empty mid range, T=8";
+}
+
 TEST(CudaMoeLayerBatched, BadMmvqMaxRowsThrows) {
   MOECHECK_REQUIRE_GPU();
   const LayerWeights w = generate_layer(preset_options("tiny"), 0);
