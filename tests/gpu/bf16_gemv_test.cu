@@ -263,9 +263,11 @@ void check_gemm(uint64_t seed, int64_t rows, int64_t K, int64_t T, bool pair) {
     ASSERT_TRUE(same_f32("gemm y1", y1.host(), emu_gemv_threaded(w1, x, rows, K, T), rows, r));
 }
 
-// Shapes that are no multiple of the tile (32 rows x 16 tokens x 256 values): rows 40, K 72
+// Shapes that are no multiple of the tile (48 rows x 16 tokens x 256 values): rows 40, K 72
 // (one partial slab); rows 33, K 264 (a second slab of one chunk); rows 7, K 8 (one chunk, one
-// partial warp tile); every adversarial kind at every T.
+// partial warp tile); rows 70 (a full and a partial row tile); every adversarial kind at every
+// T. The tile copies zero-fill past the bounds (cuda/bf16_gemm.cu), which these shapes reach in
+// every direction.
 TEST(Bf16Gemm, EqualsEmu_TinyShapes) {
   MOECHECK_REQUIRE_GPU();
   const int64_t shapes[][2] = {{40, 72}, {33, 264}, {7, 8}, {70, 3200}};
