@@ -86,23 +86,13 @@ constexpr uint32_t kXBoxBytes = kGemmBlockTokens * kSlabChunks * 16;
 static_assert(kWBoxBytes + kXBoxBytes == kStageBytes, "a stage is the two boxes");
 static_assert(kWBoxBytes % 128 == 0 && kStageBytes % 128 == 0, "tile copies land 128-aligned");
 
-__device__ __forceinline__ void tile_copy(void* dst, const CUtensorMap* map, int c0, int64_t row,
-                                          uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];" ::"r"(bulk::smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(static_cast<int>(row)),
-      "r"(bulk::smem_addr(bar))
-      : "memory");
-}
-
 // Thread 0 only: slab s of the block's rows into stage buffer buf, completing on bar.
 __device__ __forceinline__ void stage_slab(uint4* buf, uint64_t* bar, const CUtensorMap* wmap,
                                            const CUtensorMap* xmap, int s, int64_t r0, int64_t t0) {
   bulk::bar_expect_tx(bar, kStageBytes);
   const int c0 = s * kSlabChunks * kGemvChunk;  // first value of the slab along K
-  tile_copy(buf, wmap, c0, r0, bar);
-  tile_copy(buf + kGemmBlockRows * kSlabChunks, xmap, c0, t0, bar);
+  bulk::tile_copy_2d(buf, wmap, c0, static_cast<int>(r0), bar);
+  bulk::tile_copy_2d(buf + kGemmBlockRows * kSlabChunks, xmap, c0, static_cast<int>(t0), bar);
 }
 
 // One chunk of lane's chain for the warp's 8 x 8 outputs: ws[r * kSlabChunks] is row r's chunk,

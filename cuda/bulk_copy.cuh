@@ -1,7 +1,8 @@
 // Bulk copies into shared memory (cp.async.bulk, completing on an mbarrier) and the mbarrier
 // operations they need, for sm_90. Loads only: nothing here touches the arithmetic of
-// docs/numerics.md. Used by cuda/gemv_stream.cu and the tensor-core MMVQ engine
-// (cuda/mmvq_tc_pipeline.cuh, cuda/mmvq_tc.cu).
+// docs/numerics.md. Used by cuda/gemv_stream.cu, the tensor-core MMVQ engine
+// (cuda/mmvq_tc_pipeline.cuh, cuda/mmvq_tc.cu) and the shared expert's GEMM (cuda/bf16_gemm.cu,
+// the 2-D tile copies).
 #pragma once
 
 #include <cstdint>
@@ -62,6 +63,19 @@ __device__ __forceinline__ void copy(void* dst, const void* src, uint32_t bytes,
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
           "r"(smem_addr(dst)),
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// The box of a 2-D tensor map (a CUtensorMap, given by its address: a __grid_constant__ kernel
+// parameter or global memory) whose first element is (c0 along the inner dimension, c1 along
+// the outer), to 128-byte aligned shared dst, completing as the box's bytes on bar; elements
+// past the map's bounds arrive as the map's fill (zeros for FLOAT_OOB_FILL_NONE).
+__device__ __forceinline__ void tile_copy_2d(void* dst, const void* map, int c0, int c1,
+                                             uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
       : "memory");
 }
 
