@@ -25,7 +25,10 @@
 // its 8 rows once, forms each unit's masked quant words and scales once, and extends the chains
 // of each of its tokens with the same operations as a one-token pass (the rows are streamed
 // again per chunk, from L2 in practice). Blocks (one per multiprocessor) take contiguous ranges
-// of the launch's passes in chunk order; the warps of a block take every W-th pass of the range.
+// of the launch's passes in chunk order, of equal counts when every chunk holds one token and of
+// equal work otherwise (cuda/mmvq_sb.cuh first_item: a two-token pass costs about 1.3 - 1.5
+// one-token ones); the warps of a block take every W-th pass of the range, each walking its
+// passes with a cursor (no division per pass).
 //
 // Copies. Each warp owns a ring of S stages; a stage holds one pass's 8 rows x 4 super-blocks,
 // each row copied by one lane with cp.async.bulk (its 16-byte aligned covering span) into a slot
@@ -495,7 +498,13 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   const Pairs<kTok> pairs{p, pre, cpre, G};
   const int passes = static_cast<int>((p.rows + kPassRows - 1) / kPassRows);
   const int64_t total = passes * pairs.chunks();
-  const int64_t b0 = total * blockIdx.x / gridDim.x, b1 = total * (blockIdx.x + 1) / gridDim.x;
+  int64_t b0 = total * blockIdx.x / gridDim.x, b1 = total * (blockIdx.x + 1) / gridDim.x;
+  if constexpr (kPrefix && kTok > 1) {  // several-token chunks: split by work (first_item)
+    constexpr int64_t w0 = pass_weight(kType);
+    const int64_t W = passes * (pre[G] + w0 * cpre[G]);
+    b0 = first_item(W * blockIdx.x / gridDim.x, kTok, w0, G, pre, cpre, passes);
+    b1 = first_item(W * (blockIdx.x + 1) / gridDim.x, kTok, w0, G, pre, cpre, passes);
+  }
   if (b1 <= b0) {  // block-uniform: no pass here
     pdl::wait();
     return;
@@ -518,31 +527,39 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   const int r = lane >> 2, c = lane & 3;
   const int64_t rb = p.row_bytes;
 
-  // The issuing side: step (j, q) into stage k; lane i < 8 copies row i of the pass.
-  int64_t i_group = -1, i_cur = -1;
+  // The issuing side: step (j, q) into stage k; lane i < 8 copies row i of the pass. Its pass
+  // cursor (chunk ci, pass) moves by the warps per block from the warp's first item (a 64-bit
+  // division per pass otherwise), and its row's address is formed once a pass.
+  int64_t i_group = -1, i_cur = -1, i_ci = first / passes;
   GroupInfo i_gi{nullptr, 0};
-  int i_pass = 0;
+  int i_pass = static_cast<int>(first - i_ci * passes);
+  bool i_live = false;  // the lane copies a row of this pass
+  uintptr_t i_row = 0;  // the lane's row's first byte
   auto issue = [&](int j, int q, int k) {
     if (q == 0) {  // a new pass: its group looked up once
-      const int64_t item = first + static_cast<int64_t>(kWarps) * j;
-      const int64_t ci = item / passes;
-      i_pass = static_cast<int>(item - ci * passes);
+      if (j > 0) {
+        i_pass += kWarps;
+        while (i_pass >= passes) {
+          i_pass -= passes;
+          ++i_ci;
+        }
+      }
       int tok0, ntok;
       int64_t pi;
-      pairs.chunk(ci, i_cur, tok0, ntok, pi);
+      pairs.chunk(i_ci, i_cur, tok0, ntok, pi);
       if (i_cur != i_group) {
         i_group = i_cur;
         i_gi = group_info(p, i_cur);
       }
+      const int64_t row = static_cast<int64_t>(i_pass) * kPassRows + lane;
+      i_live = lane < kPassRows && i_gi.n > 0 && row < p.rows;
+      i_row = reinterpret_cast<uintptr_t>(i_gi.base) + static_cast<uintptr_t>(row * rb);
     }
     uint32_t size = 0;
     uintptr_t a = 0;
-    const int64_t row = static_cast<int64_t>(i_pass) * kPassRows + lane;
-    if (lane < kPassRows && i_gi.n > 0 && row < p.rows) {
+    if (i_live) {
       const int nb = q < full ? kChunkSb : rem;
-      const uintptr_t s = reinterpret_cast<uintptr_t>(i_gi.base) +
-                          static_cast<uintptr_t>(row * rb) +
-                          static_cast<uintptr_t>(q * kChunkSb * kB);
+      const uintptr_t s = i_row + static_cast<uintptr_t>(q * kChunkSb * kB);
       a = s & ~uintptr_t{15};
       size = static_cast<uint32_t>(((s + nb * kB + 15) & ~uintptr_t{15}) - a);
     }
@@ -582,19 +599,27 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   __syncthreads();
   stage_acts<kThreads>(p.a, act_rows, np, units, acts, L.act_bytes, L.act_m);
 
-  int64_t group = -1, cur = -1;
+  int64_t group = -1, cur = -1, ci = first / passes;
   GroupInfo gi{nullptr, 0};
-  int pass = 0, tok0 = 0, ntok = 1;
+  int pass = static_cast<int>(first - ci * passes), tok0 = 0, ntok = 1;
   bool valid = false;
+  // The lane's row's first byte's address mod 16 (its phase), and whether every lane's is 4-byte
+  // aligned (Q2_K: each step's blocks then are; 4 x 84 is a multiple of 4): once a pass.
+  uint32_t row_ph = 0;
+  bool aligned4 = false;
   const uint8_t* act = acts;
   float acc[kTok][8];
   int k = 0;
   uint32_t parity = 0;
   for (int s = 0, j = 0, q = 0; s < steps; ++s) {
     if (q == 0) {  // a new pass (warp-uniform)
-      const int64_t item = first + static_cast<int64_t>(kWarps) * j;
-      const int64_t ci = item / passes;
-      pass = static_cast<int>(item - ci * passes);
+      if (j > 0) {
+        pass += kWarps;
+        while (pass >= passes) {
+          pass -= passes;
+          ++ci;
+        }
+      }
       int64_t pi;
       pairs.chunk(ci, cur, tok0, ntok, pi);
       if (cur != group) {
@@ -602,7 +627,11 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
         gi = group_info(p, cur);
       }
       act = acts + static_cast<int>(pi - pi0) * L.act_bytes;
-      valid = tok0 < gi.n && static_cast<int64_t>(pass) * kPassRows + r < p.rows;
+      const int64_t row = static_cast<int64_t>(pass) * kPassRows + r;
+      valid = tok0 < gi.n && row < p.rows;
+      row_ph = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(gi.base) +
+                                     static_cast<uintptr_t>(row * rb));
+      aligned4 = kType == GgmlType::kQ2K && __all_sync(0xFFFFFFFFu, (row_ph & 3) == 0);
 #pragma unroll
       for (int i = 0; i < kTok; ++i)
 #pragma unroll
@@ -611,18 +640,14 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
     bulk::bar_wait(bar + k, parity);
     const uint8_t* st = ring + k * L.stage + r * kS;
     const int64_t row = static_cast<int64_t>(pass) * kPassRows + r;
-    const int m =
-        static_cast<int>((reinterpret_cast<uintptr_t>(gi.base) + static_cast<uintptr_t>(row * rb) +
-                          static_cast<uintptr_t>(q * kChunkSb * kB)) &
-                         15);
+    const int m = static_cast<int>((row_ph + static_cast<uint32_t>(q * kChunkSb * kB)) & 15u);
     if (q < full) {
       const int sb = kChunkSb * q + c;
       const uint8_t* aq = act + kActQSb * sb;
       const uint8_t* am = act + L.act_m + kActMSb * sb;
       const int blk = m + c * kB;
       // Q2_K rows are whole words: every block 4-byte aligned when the base is (warp-uniform).
-      if (kType == GgmlType::kQ2K && __all_sync(0xFFFFFFFFu, (m & 3) == 0))
-        tokens_super_block<kType, true, kTok>(ntok, st, blk, aq, am, L.act_bytes, acc);
+      if (aligned4) tokens_super_block<kType, true, kTok>(ntok, st, blk, aq, am, L.act_bytes, acc);
       else tokens_super_block<kType, false, kTok>(ntok, st, blk, aq, am, L.act_bytes, acc);
     } else {  // the last rem super-blocks, shared by the row's four lanes (warp-uniform branch)
 #pragma unroll
@@ -718,11 +743,28 @@ bool geometry(const MmvqParams& p, int slot, int warps, int want, Geometry& g) {
   const int64_t resident = current_sm_count();
   int64_t grid = (items + warps - 1) / warps;
   grid = grid < 1 ? 1 : grid < resident ? grid : resident;
-  // A block's pairs: its chunks (items over passes, plus one chunk split by the range) times tok.
+  // A block's pairs: its chunks times tok. Split by count (one-token passes): its items over
+  // passes, plus one chunk split by the range. Split by work (several-token passes, first_item):
+  // a block's share of the work is W / grid, W at most (1 + w0) passes pairs (a chunk has a
+  // token or more), and every chunk weighs at least (1 + w0) passes, so it holds at most
+  // pairs / grid whole chunks plus the two its range cuts.
   auto acts = [&](int64_t gg) {
-    const int64_t ipb = (items + gg - 1) / gg;
-    const int64_t a = ((ipb + passes - 1) / passes + 1) * tok;
+    int64_t a;
+    if (tok > 1) {
+      a = (pairs / gg + 2) * tok;
+    } else {
+      const int64_t ipb = (items + gg - 1) / gg;
+      a = ((ipb + passes - 1) / passes + 1) * tok;
+    }
     return a < pairs ? a : pairs;
+  };
+  // The fewest blocks whose activation slots fit in room (each a block per multiprocessor or
+  // more), from the bound above.
+  auto grid_for = [&](int64_t room) {
+    const int64_t c = room / tok - (tok > 1 ? 2 : 1);  // whole chunks a block may hold
+    if (c < 1) return items + 1;                       // none: does not fit
+    if (tok > 1) return (pairs + c - 1) / c;
+    return (items + c * passes - 1) / (c * passes);
   };
   bool found = false;
   for (int s = want; s >= 2; --s) {
@@ -731,7 +773,8 @@ bool geometry(const MmvqParams& p, int slot, int warps, int want, Geometry& g) {
     const int64_t room = (kSmemMax - L0.bytes - extra_bytes(p, 0) - 16) / per_act;
     if (room < 2 * tok) continue;
     int64_t gr = grid;
-    if (acts(gr) > room) gr = (items + (room / tok - 1) * passes - 1) / ((room / tok - 1) * passes);
+    if (acts(gr) > room) gr = grid_for(room);
+    if (gr > items) continue;
     if (found && gr >= g.grid) continue;
     const int n_act = static_cast<int>(acts(gr));
     const int bytes = Layout(slot, units, warps, s, n_act).bytes + extra_bytes(p, n_act);

@@ -24,6 +24,45 @@ bool supported(const mmvq_tiles::MmvqParams& p, GgmlType t);
 // memory is short).
 void launch(const mmvq_tiles::MmvqParams& p, GgmlType t, int warps, int stages, void* stream);
 
+// The blocks' split of a launch of several-token groups by work, not by count. Items are
+// (chunk ci, pass) in chunk-major order (ci passes + pass); a chunk of t tokens (kTok tokens,
+// the group's last one the rest) weighs t + w0 a pass: the row decode, the step's copies and its
+// bookkeeping are paid once a pass, the dots once a token (a two-token pass cost about 1.3 (Q2_K)
+// and 1.5 (Q3_K) one-token passes in ncu's instruction counts, docs/performance.md). pre[0..G]
+// and cpre[0..G] are the groups' token and chunk prefixes, so the work before group g is
+// passes (pre[g] + w0 cpre[g]) and before item (ci, pass) of group g, chunk j = ci - cpre[g], it
+// is that plus passes j (kTok + w0) + pass (its chunk's weight). first_item(X) is the first item
+// whose work starts at or after X: monotone, 0 at 0 and every item (passes cpre[G]) at the total
+// work, so the blocks' ranges [first_item(W b / B), first_item(W (b + 1) / B)) meet and cover
+// every item once. A block then holds at most pairs / B whole chunks plus the two its range cuts
+// (every chunk weighs at least (1 + w0) passes, and W is at most (1 + w0) passes pairs): the
+// bound of its activation slots. Which block computes an item never changes its arithmetic.
+__host__ __device__ constexpr int64_t pass_weight(GgmlType t) {
+  return t == GgmlType::kQ2K ? 3 : 2;
+}
+
+__host__ __device__ inline int64_t first_item(int64_t X, int64_t kTok, int64_t w0, int64_t G,
+                                              const int32_t* pre, const int32_t* cpre,
+                                              int64_t passes) {
+  const auto before = [&](int64_t g) { return passes * (pre[g] + w0 * cpre[g]); };
+  if (X >= before(G)) return passes * cpre[G];
+  int64_t lo = 0, hi = G;  // before(lo) <= X < before(hi): lo ends at a group holding X
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (before(mid) <= X) lo = mid;
+    else hi = mid;
+  }
+  const int64_t n = pre[lo + 1] - pre[lo], nch = cpre[lo + 1] - cpre[lo];
+  const int64_t wf = kTok + w0;  // a full chunk's weight a pass
+  int64_t off = X - before(lo);
+  int64_t j = off / (passes * wf);
+  if (j > nch - 1) j = nch - 1;
+  off -= j * passes * wf;
+  const int64_t w = (j == nch - 1 ? n - j * kTok : kTok) + w0;  // chunk j's weight a pass
+  const int64_t pass = (off + w - 1) / w;  // the first pass starting at or after X
+  return (cpre[lo] + j) * passes + pass;   // pass == passes: the next chunk's first item
+}
+
 // cuda::set_mmvq_stream_pass_shape (cuda/kernels.h).
 void set_pass_shape(int pass_tokens, bool whole_sm);
 

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "cuda/kernels.h"
+#include "cuda/mmvq_sb.cuh"
 #include "emulate/mmvq.h"
 #include "emulate/quantize_q8_1.h"
 #include "tests/emu_test_util.h"
@@ -302,6 +303,50 @@ TEST(MmvqDs41, SixExpertsOneLaunch_Gate2304x5120Q2K_Down5120x2304Q3K) {
       }
     }
     reset_engine();
+  }
+}
+
+// The streamed engine's split of several-token launches by work (cuda/mmvq_sb.cuh first_item),
+// on the host (no GPU needed): for random groups (0 - 8 tokens, passes of 2), row passes and
+// grids, the blocks' item ranges start at 0, meet, end at the last item, and each holds at most
+// its share of the work plus one item's, and at most pairs / blocks + 2 chunks (the bound of its
+// activation slots, cuda/mmvq_sb.cu geometry).
+TEST(MmvqStreamSplit, WorkRangesCoverEveryItemOnce_Host) {
+  for (uint64_t seed = 1; seed <= 300; ++seed) {
+    emutest::Gen g(seed * 2654435761u);
+    const int64_t kTok = 2, w0 = seed % 2 == 0 ? cuda::mmvq_sb::pass_weight(GgmlType::kQ2K)
+                                               : cuda::mmvq_sb::pass_weight(GgmlType::kQ3K);
+    const int64_t G = 1 + g.u32() % 300, passes = 1 + g.u32() % 300, B = 1 + g.u32() % 200;
+    std::vector<int32_t> pre(static_cast<size_t>(G + 1), 0), cpre(static_cast<size_t>(G + 1), 0);
+    std::vector<int64_t> chunk_w;  // weight a pass of each chunk
+    for (int64_t i = 0; i < G; ++i) {
+      const int32_t n = static_cast<int32_t>(g.u32() % 9);
+      pre[i + 1] = pre[i] + n;
+      cpre[i + 1] = cpre[i] + (n + 1) / 2;
+      for (int32_t t = 0; t < n; t += 2) chunk_w.push_back(std::min<int64_t>(2, n - t) + w0);
+    }
+    const int64_t total = passes * cpre[G], W = passes * (pre[G] + w0 * cpre[G]);
+    const std::string r = "seed=" + std::to_string(seed) + " G=" + std::to_string(G) +
+                          " passes=" + std::to_string(passes) + " B=" + std::to_string(B);
+    int64_t prev = 0, most_w = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t b0 =
+          cuda::mmvq_sb::first_item(W * b / B, kTok, w0, G, pre.data(), cpre.data(), passes);
+      const int64_t b1 =
+          cuda::mmvq_sb::first_item(W * (b + 1) / B, kTok, w0, G, pre.data(), cpre.data(), passes);
+      ASSERT_EQ(b0, prev) << r << " b=" << b;
+      ASSERT_LE(b0, b1) << r << " b=" << b;
+      int64_t work = 0;
+      for (int64_t it = b0; it < b1; ++it) work += chunk_w[static_cast<size_t>(it / passes)];
+      most_w = std::max(most_w, work);
+      if (b1 > b0) {
+        const int64_t chunks = (b1 - 1) / passes - b0 / passes + 1;
+        ASSERT_LE(chunks, pre[G] / B + 2) << r << " b=" << b;
+      }
+      prev = b1;
+    }
+    ASSERT_EQ(prev, total) << r;
+    ASSERT_LE(most_w, (W + B - 1) / B + kTok + w0) << r;
   }
 }
 
