@@ -744,14 +744,12 @@ bool geometry(const MmvqParams& p, int slot, int warps, int want, Geometry& g) {
   int64_t grid = (items + warps - 1) / warps;
   grid = grid < 1 ? 1 : grid < resident ? grid : resident;
   // A block's pairs: its chunks times tok. Split by count (one-token passes): its items over
-  // passes, plus one chunk split by the range. Split by work (several-token passes, first_item):
-  // a block's share of the work is W / grid, W at most (1 + w0) passes pairs (a chunk has a
-  // token or more), and every chunk weighs at least (1 + w0) passes, so it holds at most
-  // pairs / grid whole chunks plus the two its range cuts.
+  // passes, plus one chunk split by the range. Split by work (several-token passes,
+  // cuda/mmvq_sb.cuh first_item): max_chunks_per_block.
   auto acts = [&](int64_t gg) {
     int64_t a;
     if (tok > 1) {
-      a = (pairs / gg + 2) * tok;
+      a = max_chunks_per_block(pairs, gg) * tok;
     } else {
       const int64_t ipb = (items + gg - 1) / gg;
       a = ((ipb + passes - 1) / passes + 1) * tok;
@@ -759,7 +757,7 @@ bool geometry(const MmvqParams& p, int slot, int warps, int want, Geometry& g) {
     return a < pairs ? a : pairs;
   };
   // The fewest blocks whose activation slots fit in room (each a block per multiprocessor or
-  // more), from the bound above.
+  // more), from the bounds above.
   auto grid_for = [&](int64_t room) {
     const int64_t c = room / tok - (tok > 1 ? 2 : 1);  // whole chunks a block may hold
     if (c < 1) return items + 1;                       // none: does not fit

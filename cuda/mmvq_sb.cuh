@@ -34,9 +34,8 @@ void launch(const mmvq_tiles::MmvqParams& p, GgmlType t, int warps, int stages, 
 // is that plus passes j (kTok + w0) + pass (its chunk's weight). first_item(X) is the first item
 // whose work starts at or after X: monotone, 0 at 0 and every item (passes cpre[G]) at the total
 // work, so the blocks' ranges [first_item(W b / B), first_item(W (b + 1) / B)) meet and cover
-// every item once. A block then holds at most pairs / B whole chunks plus the two its range cuts
-// (every chunk weighs at least (1 + w0) passes, and W is at most (1 + w0) passes pairs): the
-// bound of its activation slots. Which block computes an item never changes its arithmetic.
+// every item once. Which block computes an item never changes its arithmetic. A block's chunks
+// are bounded by max_chunks_per_block (the bound of its activation slots).
 __host__ __device__ constexpr int64_t pass_weight(GgmlType t) {
   return t == GgmlType::kQ2K ? 3 : 2;
 }
@@ -61,6 +60,17 @@ __host__ __device__ inline int64_t first_item(int64_t X, int64_t kTok, int64_t w
   const int64_t w = (j == nch - 1 ? n - j * kTok : kTok) + w0;  // chunk j's weight a pass
   const int64_t pass = (off + w - 1) / w;  // the first pass starting at or after X
   return (cpre[lo] + j) * passes + pass;   // pass == passes: the next chunk's first item
+}
+
+// The most chunks a block's range under first_item can touch, for a launch of at most `pairs`
+// pairs (group, token) and B blocks: pairs / B + 2. With D = passes (1 + w0), the lightest a
+// chunk can weigh (a chunk holds a token or more), the total work is at most D pairs, so a
+// block's share is at most ceil(D pairs / B) <= (q + 1) D, q = pairs / B. The chunks its range
+// touches are consecutive; the first and the last each have at least one pass inside it
+// (1 + w0 of work or more), and the ones between lie inside whole, so there are at most
+// ((q + 1) D - 2 (1 + w0)) / D < q + 1 of those. This bounds a block's activation slots.
+__host__ __device__ constexpr int64_t max_chunks_per_block(int64_t pairs, int64_t B) {
+  return pairs / B + 2;
 }
 
 // cuda::set_mmvq_stream_pass_shape (cuda/kernels.h).
