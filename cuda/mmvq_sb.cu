@@ -18,7 +18,10 @@
 // classes below rem = (K / 256) % 4 own one super-block more than the others. The four lanes of
 // a row share that work instead of its owner doing it alone: lane 4 r + j computes t of units
 // 2 j and 2 j + 1 of each such super-block (t is a pure function of its unit: the same bits on
-// any lane), and the owner takes the eight values by shuffles and extends its chains.
+// any lane), and the owner takes the eight values by shuffles and extends its chains. Those
+// blocks travel with the pass's last step of 4 (one copy a row and one step a pass fewer: each
+// step costs its copies and bookkeeping, about 260 instructions, docs/performance.md); rows of
+// fewer than 4 super-blocks have one step of them alone.
 //
 // Tokens. A group of n tokens is ceil(n / kTok) chunks of up to kTok consecutive tokens (kTok 1
 // or 2, the launch's pass tokens), each a full set of passes over the group's rows: a pass reads
@@ -30,7 +33,8 @@
 // one-token ones); the warps of a block take every W-th pass of the range, each walking its
 // passes with a cursor (no division per pass).
 //
-// Copies. Each warp owns a ring of S stages; a stage holds one pass's 8 rows x 4 super-blocks,
+// Copies. Each warp owns a ring of S stages; a stage holds one pass's 8 rows x 4 super-blocks
+// (the last step 4 + rem),
 // each row copied by one lane with cp.async.bulk (its 16-byte aligned covering span) into a slot
 // whose pitch, an odd multiple of 16 bytes, spreads the rows over the banks; an mbarrier per
 // stage says the bytes landed. The warp walks its passes step by step (pass, 4 super-blocks),
@@ -82,6 +86,21 @@ static_assert(kSlot<GgmlType::kQ2K> >= 14 + kChunkSb * 84 + 2 + 4 &&
               kSlot<GgmlType::kQ2K> % 32 == 16);
 static_assert(kSlot<GgmlType::kQ3K> >= 14 + kChunkSb * 110 + 2 + 4 &&
               kSlot<GgmlType::kQ3K> % 32 == 16);
+// The slot of a launch whose rows' super-blocks are not a multiple of 4 (rem = nsb % 4 of 1 - 3)
+// and number at least 4: its last step carries the last class step's 4 blocks and the rem left
+// over, one copy a row and one step fewer a pass, so the slot holds 4 + rem blocks, again as an
+// odd multiple of 16 bytes (a pitch of 4 x odd words puts the 8 rows on distinct banks mod 4
+// words, and Q2_K's classes, 21 c words apart, on the residues between). Otherwise kSlot.
+__host__ __device__ constexpr int slot_bytes(GgmlType t, int nsb) {
+  const int rem = nsb % kChunkSb, kb = t == GgmlType::kQ2K ? 84 : 110;
+  if (rem == 0 || nsb < kChunkSb)
+    return t == GgmlType::kQ2K ? kSlot<GgmlType::kQ2K> : kSlot<GgmlType::kQ3K>;
+  const int need = 14 + (kChunkSb + rem) * kb + 2 + 4;
+  const int n16 = (need + 15) / 16;
+  return 16 * (n16 % 2 == 1 ? n16 : n16 + 1);
+}
+static_assert(slot_bytes(GgmlType::kQ3K, 9) == 592 && slot_bytes(GgmlType::kQ2K, 20) == 368 &&
+              slot_bytes(GgmlType::kQ3K, 8) == 464 && slot_bytes(GgmlType::kQ2K, 7) == 624);
 
 // The block's shared memory: the warps' rings (warp w's S stages at w S stage), then the
 // activation slots, one per pair (group, token) the block's passes touch: per unit g (super-block
@@ -463,13 +482,16 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   static_assert(kTok == 1 || (kPrefix && kTok <= kPassTokens));
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kB = kBB<kType>;
-  constexpr int kS = kSlot<kType>;
+
   constexpr int kThreads = kWarps * kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int units = static_cast<int>(p.K / kQK8_1);
   const int nsb = static_cast<int>(p.K / kQK_K);
-  const int full = nsb / kChunkSb, rem = nsb % kChunkSb, nq = full + (rem != 0 ? 1 : 0);
+  // Steps of a pass: one per class step of 4 blocks, the last one also carrying the rem left
+  // over (slot_bytes); rows of fewer than 4 super-blocks: one step of the rem alone.
+  const int full = nsb / kChunkSb, rem = nsb % kChunkSb, nq = full != 0 ? full : 1;
+  const int kS = slot_bytes(kType, nsb);
   const Layout L(kS, units, kWarps, stages, n_act);
   uint8_t* ring = smem + warp * stages * L.stage;
   uint8_t* acts = smem + L.acts;
@@ -558,7 +580,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
     uint32_t size = 0;
     uintptr_t a = 0;
     if (i_live) {
-      const int nb = q < full ? kChunkSb : rem;
+      const int nb = q < full ? kChunkSb + (q == full - 1 ? rem : 0) : rem;
       const uintptr_t s = i_row + static_cast<uintptr_t>(q * kChunkSb * kB);
       a = s & ~uintptr_t{15};
       size = static_cast<uint32_t>(((s + nb * kB + 15) & ~uintptr_t{15}) - a);
@@ -649,17 +671,21 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
       // Q2_K rows are whole words: every block 4-byte aligned when the base is (warp-uniform).
       if (aligned4) tokens_super_block<kType, true, kTok>(ntok, st, blk, aq, am, L.act_bytes, acc);
       else tokens_super_block<kType, false, kTok>(ntok, st, blk, aq, am, L.act_bytes, acc);
-    } else {  // the last rem super-blocks, shared by the row's four lanes (warp-uniform branch)
+    }
+    if (rem != 0 && q == nq - 1) {  // the rem super-blocks, shared by the row's four lanes
+      // Their blocks follow the step's 4 (or start the stage when the row has fewer than 4);
+      // each chain meets them after its class's block of this step, in increasing sb.
+      const int o0 = q < full ? kChunkSb : 0;
 #pragma unroll
       for (int i = 0; i < kTok; ++i) {
         if (i >= ntok) break;  // warp-uniform
         const uint8_t* ai = act + i * L.act_bytes;
         for (int o = 0; o < rem; ++o) {
-          const int sb = kChunkSb * q + o;
+          const int sb = kChunkSb * q + o0 + o;
           const uint8_t* aq = ai + kActQSb * sb;
           const uint8_t* am = ai + L.act_m + kActMSb * sb;
           float t0, t1;
-          unit_pair<kType>(st, m + o * kB, c, aq, am, t0, t1);
+          unit_pair<kType>(st, m + (o0 + o) * kB, c, aq, am, t0, t1);
 #pragma unroll
           for (int jj = 0; jj < 4; ++jj) {
             const float v0 = __shfl_sync(0xFFFFFFFFu, t0, (lane & ~3) | jj);
@@ -834,13 +860,13 @@ bool supported(const MmvqParams& p, GgmlType t) {
       p.K <= 0 || p.K % kQK_K != 0 || p.K > (int64_t{1} << 20))
     return false;
   if (p.form == Form::kGroups && p.max_n > 1 && p.n_groups > kMaxPrefixGroups) return false;
-  const int slot = t == GgmlType::kQ2K ? kSlot<GgmlType::kQ2K> : kSlot<GgmlType::kQ3K>;
+  const int slot = slot_bytes(t, static_cast<int>(p.K / kQK_K));
   Geometry g;
   return geometry(p, slot, 4, 2, g);
 }
 
 void launch(const MmvqParams& p, GgmlType t, int warps, int stages, void* stream) {
-  const int slot = t == GgmlType::kQ2K ? kSlot<GgmlType::kQ2K> : kSlot<GgmlType::kQ3K>;
+  const int slot = slot_bytes(t, static_cast<int>(p.K / kQK_K));
   const int want = stages != 0 ? stages : kDefaultStages;
   Geometry g;
   int w = warps != 0 ? warps : kDefaultWarps;
