@@ -33,15 +33,15 @@
 // one-token ones); the warps of a block take every W-th pass of the range, each walking its
 // passes with a cursor (no division per pass).
 //
-// Copies. Each warp owns a ring of S stages; a stage holds one pass's 8 rows x 4 super-blocks
-// (the last step 4 + rem),
-// each row copied by one lane with cp.async.bulk (its 16-byte aligned covering span) into a slot
-// whose pitch, an odd multiple of 16 bytes, spreads the rows over the banks; an mbarrier per
-// stage says the bytes landed. The warp walks its passes step by step (pass, 4 super-blocks),
-// issuing step s + S as soon as step s is computed, so S - 1 steps are in flight across pass
-// boundaries with no block-wide barrier after the start. The block stages the activation rows
-// of the pairs its range touches (one slot each: quants per unit; d8 as f32, the half sums
-// packed for dp2a and times -4 for Q3_K) once, while the first stages are in flight.
+// Copies. Each warp owns a ring of S stages; a stage holds one pass's 8 rows x 4 super-blocks (a
+// pass's last step 4 + rem), each row copied by one lane with cp.async.bulk (its 16-byte aligned
+// covering span) into a slot whose pitch, an odd multiple of 16 bytes, spreads the rows over the
+// banks; an mbarrier per stage says the bytes landed. The warp walks its passes step by step
+// (pass, 4 super-blocks), issuing step s + S as soon as step s is computed, so S - 1 steps are in
+// flight across pass boundaries with no block-wide barrier after the start. The block stages
+// the activation rows of the pairs its range touches (one slot each: quants per unit; d8 as f32,
+// the half sums packed for dp2a and times -4 for Q3_K) once, while the first stages are in
+// flight.
 // Performance: docs/performance.md "GPU".
 #include "cuda/mmvq_sb.cuh"
 
@@ -482,7 +482,6 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   static_assert(kTok == 1 || (kPrefix && kTok <= kPassTokens));
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kB = kBB<kType>;
-
   constexpr int kThreads = kWarps * kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
