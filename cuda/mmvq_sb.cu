@@ -476,6 +476,22 @@ __device__ __forceinline__ void build_prefix(const MmvqParams& p, int64_t G, int
   }
 }
 
+// A warp's position in the launch's items (chunk ci, pass; items are ci passes + pass): it starts
+// at the warp's first item and steps by the warps per block, with no division past the start.
+struct PassCursor {
+  int64_t ci;
+  int pass;
+  __device__ __forceinline__ PassCursor(int64_t item, int passes)
+      : ci(item / passes), pass(static_cast<int>(item - item / passes * passes)) {}
+  __device__ __forceinline__ void step(int by, int passes) {
+    pass += by;
+    while (pass >= passes) {
+      pass -= passes;
+      ++ci;
+    }
+  }
+};
+
 template <GgmlType kType, int kWarps, bool kPrefix, int kTok>
 __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
     mmvq_sb_kernel(MmvqParams p, int stages, int n_act, bool early) {
@@ -551,28 +567,22 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   // The issuing side: step (j, q) into stage k; lane i < 8 copies row i of the pass. Its pass
   // cursor (chunk ci, pass) moves by the warps per block from the warp's first item (a 64-bit
   // division per pass otherwise), and its row's address is formed once a pass.
-  int64_t i_group = -1, i_cur = -1, i_ci = first / passes;
+  int64_t i_group = -1, i_cur = -1;
   GroupInfo i_gi{nullptr, 0};
-  int i_pass = static_cast<int>(first - i_ci * passes);
+  PassCursor i_at(first, passes);
   bool i_live = false;  // the lane copies a row of this pass
   uintptr_t i_row = 0;  // the lane's row's first byte
   auto issue = [&](int j, int q, int k) {
     if (q == 0) {  // a new pass: its group looked up once
-      if (j > 0) {
-        i_pass += kWarps;
-        while (i_pass >= passes) {
-          i_pass -= passes;
-          ++i_ci;
-        }
-      }
+      if (j > 0) i_at.step(kWarps, passes);
       int tok0, ntok;
       int64_t pi;
-      pairs.chunk(i_ci, i_cur, tok0, ntok, pi);
+      pairs.chunk(i_at.ci, i_cur, tok0, ntok, pi);
       if (i_cur != i_group) {
         i_group = i_cur;
         i_gi = group_info(p, i_cur);
       }
-      const int64_t row = static_cast<int64_t>(i_pass) * kPassRows + lane;
+      const int64_t row = static_cast<int64_t>(i_at.pass) * kPassRows + lane;
       i_live = lane < kPassRows && i_gi.n > 0 && row < p.rows;
       i_row = reinterpret_cast<uintptr_t>(i_gi.base) + static_cast<uintptr_t>(row * rb);
     }
@@ -620,9 +630,10 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   __syncthreads();
   stage_acts<kThreads>(p.a, act_rows, np, units, acts, L.act_bytes, L.act_m);
 
-  int64_t group = -1, cur = -1, ci = first / passes;
+  int64_t group = -1, cur = -1;
   GroupInfo gi{nullptr, 0};
-  int pass = static_cast<int>(first - ci * passes), tok0 = 0, ntok = 1;
+  PassCursor at(first, passes);
+  int tok0 = 0, ntok = 1;
   bool valid = false;
   // The lane's row's first byte's address mod 16 (its phase), and whether every lane's is 4-byte
   // aligned (Q2_K: each step's blocks then are; 4 x 84 is a multiple of 4): once a pass.
@@ -634,21 +645,15 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   uint32_t parity = 0;
   for (int s = 0, j = 0, q = 0; s < steps; ++s) {
     if (q == 0) {  // a new pass (warp-uniform)
-      if (j > 0) {
-        pass += kWarps;
-        while (pass >= passes) {
-          pass -= passes;
-          ++ci;
-        }
-      }
+      if (j > 0) at.step(kWarps, passes);
       int64_t pi;
-      pairs.chunk(ci, cur, tok0, ntok, pi);
+      pairs.chunk(at.ci, cur, tok0, ntok, pi);
       if (cur != group) {
         group = cur;
         gi = group_info(p, cur);
       }
       act = acts + static_cast<int>(pi - pi0) * L.act_bytes;
-      const int64_t row = static_cast<int64_t>(pass) * kPassRows + r;
+      const int64_t row = static_cast<int64_t>(at.pass) * kPassRows + r;
       valid = tok0 < gi.n && row < p.rows;
       row_ph = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(gi.base) +
                                      static_cast<uintptr_t>(row * rb));
@@ -660,7 +665,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
     }
     bulk::bar_wait(bar + k, parity);
     const uint8_t* st = ring + k * L.stage + r * kS;
-    const int64_t row = static_cast<int64_t>(pass) * kPassRows + r;
+    const int64_t row = static_cast<int64_t>(at.pass) * kPassRows + r;
     const int m = static_cast<int>((row_ph + static_cast<uint32_t>(q * kChunkSb * kB)) & 15u);
     if (q < full) {
       const int sb = kChunkSb * q + c;
