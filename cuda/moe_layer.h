@@ -105,6 +105,11 @@ inline SharedFork shared_fork_at(const LayerOptions& o, int64_t T) {
   return o.shared_fork_large;
 }
 
+// One fork point for every T (benchmarks and tests that sweep it): all the shared_fork_* points.
+inline void set_shared_fork_everywhere(LayerOptions& o, SharedFork at) {
+  o.shared_fork_small = o.shared_fork_mid = o.shared_fork_large = at;
+}
+
 // What stage() leaves for launch() and finish() (the seeds' MoeV41Stage): the routing, the
 // distinct expert count, and the timing of the host span so far (route_ms, fetch_ms, hits,
 // misses, bytes_read).

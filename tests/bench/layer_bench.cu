@@ -179,8 +179,7 @@ static int trace_graph(const LayerWeights& w, int64_t T, const std::vector<std::
     else if (k == "carve" && v >= 0) cuda::set_max_shared_carveout(v != 0);
     else if (k == "prio" && v >= 0) lo.graph_node_priority = v != 0;
     else if (k == "fork" && v >= 0 && v <= 3)
-      lo.shared_fork_small = lo.shared_fork_mid = lo.shared_fork_large =
-          static_cast<cuda::SharedFork>(v);
+      cuda::set_shared_fork_everywhere(lo, static_cast<cuda::SharedFork>(v));
     else if (k == "side" && v >= 0) lo.shared_side_stream = v != 0;
     else if (k == "mmvq_warps" && v >= 0) cuda::set_mmvq_stream_shape(v, 0);
     else if (k == "gu_warps" && v >= 0) lo.gate_up_stream_warps = v;

@@ -206,6 +206,9 @@ TEST(CudaMoeLayerBatched, SharedForkAt_DefaultsAndCustomRanges) {
   o.shared_fork_mid_min_tokens = 9;  // an empty middle range
   o.shared_fork_mid_max_tokens = 8;
   EXPECT_EQ(cuda::shared_fork_at(o, 8), SharedFork::kRouterStart) << "repro: empty mid range, T=8";
+  cuda::set_shared_fork_everywhere(o, SharedFork::kSelection);  // every range, one point
+  for (int64_t T : {1, 4, 8, 9, 600})
+    EXPECT_EQ(cuda::shared_fork_at(o, T), SharedFork::kSelection) << "repro: one point, T=" << T;
 }
 
 TEST(CudaMoeLayerBatched, BadMmvqMaxRowsThrows) {

@@ -131,9 +131,7 @@ inline void run_layer_weights(const LayerWeights& w, const GenOptions& o,
     co.gate_up_stream_warps = v.gu_warps;
     co.down_stream_warps = v.down_warps;
     co.prefetch_plan = v.prefetch_plan;
-    if (v.fork >= 0)
-      co.shared_fork_small = co.shared_fork_mid = co.shared_fork_large =
-          static_cast<cuda::SharedFork>(v.fork);
+    if (v.fork >= 0) cuda::set_shared_fork_everywhere(co, static_cast<cuda::SharedFork>(v.fork));
     layers.push_back(std::make_unique<cuda::MoeLayer>(w, co));
   }
   for (RouterVariant rv : {RouterVariant::kPlain, RouterVariant::kStaged}) {
