@@ -150,6 +150,14 @@ void set_mmvq_stream_layer_tokens(int64_t n, GgmlType t);
 // kernel's block runs beside one of theirs. For benchmarks and tests; no bit depends on either.
 // Process-wide, not thread-safe.
 void set_mmvq_stream_pass_shape(int pass_tokens, bool whole_sm);
+// The streamed engine's super-blocks a row a step: 4 (a block a class), 8 (two a class: half the
+// steps, each step's copies and bookkeeping paid once for twice the arithmetic, in rings twice the
+// size), or 0, the default: 8 for launches of several-token groups where those rings fit at the
+// shape's warps with a block per multiprocessor and rows hold 8 super-blocks or more, 4 otherwise
+// (one-token launches among them). 8 falls back to 4 where it fits no shape. For benchmarks and
+// tests; no bit depends on it (each chain still meets its super-blocks in increasing order).
+// Process-wide, not thread-safe.
+void set_mmvq_stream_step(int blocks);
 // The dp4a kernel's rows per warp: 0 (the default) two wherever the doubled tiles fit in shared
 // memory, 1 always one (the kernel's fallback, so that tests reach it). No bit depends on it.
 // Process-wide, for tests and benchmarks; not thread-safe.

@@ -33,12 +33,17 @@
 // one-token ones); the warps of a block take every W-th pass of the range, each walking its
 // passes with a cursor (no division per pass).
 //
-// Copies. Each warp owns a ring of S stages; a stage holds one pass's 8 rows x 4 super-blocks (a
-// pass's last step 4 + rem), each row copied by one lane with cp.async.bulk (its 16-byte aligned
-// covering span) into a slot whose pitch, an odd multiple of 16 bytes, spreads the rows over the
-// banks; an mbarrier per stage says the bytes landed. The warp walks its passes step by step
-// (pass, 4 super-blocks), issuing step s + S as soon as step s is computed, so S - 1 steps are in
-// flight across pass boundaries with no block-wide barrier after the start. The block stages
+// Steps. A step is 4 super-blocks of each of the pass's rows (a block a class), or 8 (double
+// steps, kPer = 2: two a class, taken in increasing sb), which pays a step's copies and
+// bookkeeping once for twice the arithmetic in rings twice the size; the launch's StepPlan says
+// which blocks each step holds (a row of 20: 8, 8, 4; of 9: 8 + the rem).
+//
+// Copies. Each warp owns a ring of S stages; a stage holds one step: the pass's 8 rows x 4 (or 8)
+// super-blocks (the last step also the rem), each row copied by one lane with cp.async.bulk (its
+// 16-byte aligned covering span) into a slot whose pitch, an odd multiple of 16 bytes, spreads the
+// rows over the banks; an mbarrier per stage says the bytes landed. The warp walks its passes
+// step by step, issuing step s + S as soon as step s is computed, so S - 1 steps are in flight
+// across pass boundaries with no block-wide barrier after the start. The block stages
 // the activation rows of the pairs its range touches (one slot each: quants per unit; d8 as f32,
 // the half sums packed for dp2a and times -4 for Q3_K) once, while the first stages are in
 // flight.
@@ -91,16 +96,52 @@ static_assert(kSlot<GgmlType::kQ3K> >= 14 + kChunkSb * 110 + 2 + 4 &&
 // over, one copy a row and one step fewer a pass, so the slot holds 4 + rem blocks, again as an
 // odd multiple of 16 bytes (a pitch of 4 x odd words puts the 8 rows on distinct banks mod 4
 // words, and Q2_K's classes, 21 c words apart, on the residues between). Otherwise kSlot.
-__host__ __device__ constexpr int slot_bytes(GgmlType t, int nsb) {
-  const int rem = nsb % kChunkSb, kb = t == GgmlType::kQ2K ? 84 : 110;
-  if (rem == 0 || nsb < kChunkSb)
-    return t == GgmlType::kQ2K ? kSlot<GgmlType::kQ2K> : kSlot<GgmlType::kQ3K>;
-  const int need = 14 + (kChunkSb + rem) * kb + 2 + 4;
+__host__ __device__ constexpr int slot_for_blocks(GgmlType t, int blocks) {
+  const int need = 14 + blocks * (t == GgmlType::kQ2K ? 84 : 110) + 2 + 4;
   const int n16 = (need + 15) / 16;
   return 16 * (n16 % 2 == 1 ? n16 : n16 + 1);
 }
+// Steps of kPer super-blocks a class (kPer = 2: double steps, 8 blocks a row; docs/performance.md
+// "Double steps"). A row's nsb super-blocks go as `full` steps of 4 kPer blocks, then (kPer = 2)
+// `a4` steps of 4 (0 or 1), and the rem = nsb % 4 left over travel with the last of those (or
+// alone when there is none). Step q starts at super-block 4 kPer q and holds class_blocks(q) of
+// each class, then the rem if it is the last.
+struct StepPlan {
+  int full, a4, rem, nq;
+  __host__ __device__ constexpr StepPlan(int nsb, int per)
+      : full(nsb / (kChunkSb * per)),
+        a4(nsb % (kChunkSb * per) / kChunkSb),
+        rem(nsb % kChunkSb),
+        nq(full + a4 != 0 ? full + a4 : 1) {}
+  __host__ __device__ constexpr int class_blocks(int q, int per) const {
+    return q < full ? per : q < full + a4 ? 1 : 0;
+  }
+  __host__ __device__ constexpr int blocks(int q, int per) const {
+    return kChunkSb * class_blocks(q, per) + (q == nq - 1 ? rem : 0);
+  }
+};
+__host__ __device__ constexpr int slot_bytes(GgmlType t, int nsb, int per = 1) {
+  if (per == 1) {
+    const int rem = nsb % kChunkSb;
+    if (rem == 0 || nsb < kChunkSb)
+      return t == GgmlType::kQ2K ? kSlot<GgmlType::kQ2K> : kSlot<GgmlType::kQ3K>;
+    return slot_for_blocks(t, kChunkSb + rem);
+  }
+  const StepPlan sp(nsb, per);
+  int most = kChunkSb;
+  for (int q = 0; q < sp.nq; ++q) most = sp.blocks(q, per) > most ? sp.blocks(q, per) : most;
+  return slot_for_blocks(t, most);
+}
 static_assert(slot_bytes(GgmlType::kQ3K, 9) == 592 && slot_bytes(GgmlType::kQ2K, 20) == 368 &&
               slot_bytes(GgmlType::kQ3K, 8) == 464 && slot_bytes(GgmlType::kQ2K, 7) == 624);
+static_assert(slot_bytes(GgmlType::kQ2K, 20, 2) == 720 &&
+              slot_bytes(GgmlType::kQ3K, 9, 2) == 1040 && slot_bytes(GgmlType::kQ3K, 7, 2) == 816 &&
+              slot_bytes(GgmlType::kQ2K, 2, 2) == 368);
+static_assert(StepPlan(20, 2).nq == 3 && StepPlan(20, 2).blocks(2, 2) == 4 &&
+              StepPlan(9, 2).nq == 1 && StepPlan(9, 2).blocks(0, 2) == 9 &&
+              StepPlan(7, 2).nq == 1 && StepPlan(7, 2).blocks(0, 2) == 7 &&
+              StepPlan(3, 2).blocks(0, 2) == 3 && StepPlan(20, 1).nq == 5 &&
+              StepPlan(9, 1).blocks(1, 1) == 5 && StepPlan(2, 1).blocks(0, 1) == 2);
 
 // The block's shared memory: the warps' rings (warp w's S stages at w S stage), then the
 // activation slots, one per pair (group, token) the block's passes touch: per unit g (super-block
@@ -492,10 +533,11 @@ struct PassCursor {
   }
 };
 
-template <GgmlType kType, int kWarps, bool kPrefix, int kTok>
+template <GgmlType kType, int kWarps, bool kPrefix, int kTok, int kPer>
 __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
     mmvq_sb_kernel(MmvqParams p, int stages, int n_act, bool early) {
   static_assert(kTok == 1 || (kPrefix && kTok <= kPassTokens));
+  static_assert(kPer == 1 || kPer == 2);
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kB = kBB<kType>;
   constexpr int kThreads = kWarps * kWarpSize;
@@ -503,10 +545,13 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int units = static_cast<int>(p.K / kQK8_1);
   const int nsb = static_cast<int>(p.K / kQK_K);
-  // Steps of a pass: one per class step of 4 blocks, the last one also carrying the rem left
-  // over (slot_bytes); rows of fewer than 4 super-blocks: one step of the rem alone.
-  const int full = nsb / kChunkSb, rem = nsb % kChunkSb, nq = full != 0 ? full : 1;
-  const int kS = slot_bytes(kType, nsb);
+  // Steps of a pass (StepPlan): kPer blocks a class each, then (kPer = 2) a step of one a class,
+  // the last one also carrying the rem left over (slot_bytes); rows of fewer than 4 super-blocks:
+  // one step of the rem alone.
+  constexpr int kCB = kChunkSb * kPer;  // super-blocks of a row in a full step
+  const StepPlan sp(nsb, kPer);
+  const int rem = sp.rem, nq = sp.nq;
+  const int kS = slot_bytes(kType, nsb, kPer);
   const Layout L(kS, units, kWarps, stages, n_act);
   uint8_t* ring = smem + warp * stages * L.stage;
   uint8_t* acts = smem + L.acts;
@@ -589,8 +634,8 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
     uint32_t size = 0;
     uintptr_t a = 0;
     if (i_live) {
-      const int nb = q < full ? kChunkSb + (q == full - 1 ? rem : 0) : rem;
-      const uintptr_t s = i_row + static_cast<uintptr_t>(q * kChunkSb * kB);
+      const int nb = sp.blocks(q, kPer);
+      const uintptr_t s = i_row + static_cast<uintptr_t>(q * kCB * kB);
       a = s & ~uintptr_t{15};
       size = static_cast<uint32_t>(((s + nb * kB + 15) & ~uintptr_t{15}) - a);
     }
@@ -666,26 +711,34 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
     bulk::bar_wait(bar + k, parity);
     const uint8_t* st = ring + k * L.stage + r * kS;
     const int64_t row = static_cast<int64_t>(at.pass) * kPassRows + r;
-    const int m = static_cast<int>((row_ph + static_cast<uint32_t>(q * kChunkSb * kB)) & 15u);
-    if (q < full) {
-      const int sb = kChunkSb * q + c;
+    const int m = static_cast<int>((row_ph + static_cast<uint32_t>(q * kCB * kB)) & 15u);
+    // The class's blocks of the step, in increasing sb: 4 i + c of the step's, i < ncb.
+    const int ncb = sp.class_blocks(q, kPer);
+    auto class_block = [&](int i) {
+      const int sb = kCB * q + kChunkSb * i + c;
       const uint8_t* aq = act + kActQSb * sb;
       const uint8_t* am = act + L.act_m + kActMSb * sb;
-      const int blk = m + c * kB;
+      const int blk = m + (kChunkSb * i + c) * kB;
       // Q2_K rows are whole words: every block 4-byte aligned when the base is (warp-uniform).
       if (aligned4) tokens_super_block<kType, true, kTok>(ntok, st, blk, aq, am, L.act_bytes, acc);
       else tokens_super_block<kType, false, kTok>(ntok, st, blk, aq, am, L.act_bytes, acc);
+    };
+    if constexpr (kPer == 1) {
+      if (ncb != 0) class_block(0);
+    } else {
+#pragma unroll 1
+      for (int i = 0; i < ncb; ++i) class_block(i);
     }
     if (rem != 0 && q == nq - 1) {  // the rem super-blocks, shared by the row's four lanes
-      // Their blocks follow the step's 4 (or start the stage when the row has fewer than 4);
-      // each chain meets them after its class's block of this step, in increasing sb.
-      const int o0 = q < full ? kChunkSb : 0;
+      // Their blocks follow the step's class blocks (or start the stage when the row has fewer
+      // than 4); each chain meets them after its class's blocks of this step, in increasing sb.
+      const int o0 = kChunkSb * ncb;
 #pragma unroll
       for (int i = 0; i < kTok; ++i) {
         if (i >= ntok) break;  // warp-uniform
         const uint8_t* ai = act + i * L.act_bytes;
         for (int o = 0; o < rem; ++o) {
-          const int sb = kChunkSb * q + o0 + o;
+          const int sb = kCB * q + o0 + o;
           const uint8_t* aq = ai + kActQSb * sb;
           const uint8_t* am = ai + L.act_m + kActMSb * sb;
           float t0, t1;
@@ -737,7 +790,9 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
 struct Geometry {
   int stages, n_act, bytes;
   int64_t grid;
-  int tok;  // tokens a pass (chunk)
+  int tok;        // tokens a pass (chunk)
+  bool one_wave;  // a block per multiprocessor at most (the activation slots did not add blocks)
+  int per = 1;    // super-blocks a class a step (StepPlan)
 };
 
 // Diagnostics (set_pass_shape): tokens a pass in launches of several-token groups (0: the
@@ -745,6 +800,8 @@ struct Geometry {
 // whole shared memory.
 int g_pass_tokens = 0;
 bool g_whole_sm = false;
+// Diagnostics (set_step): super-blocks a row a step, 4 or 8; 0 the default (launch()).
+int g_step = 0;
 
 // Groups of several tokens: the blocks' token and chunk prefixes (cuda::mmvq_sb's Pairs).
 bool prefixed(const MmvqParams& p) { return p.form == Form::kGroups && p.max_n > 1; }
@@ -812,15 +869,16 @@ bool geometry(const MmvqParams& p, int slot, int warps, int want, Geometry& g) {
     g.grid = gr;
     g.bytes = g_whole_sm && prefixed(p) ? kSmemMax : bytes;
     g.tok = tok;
+    g.one_wave = gr <= grid;
     found = true;
     if (gr <= grid) break;  // one block per multiprocessor at the most stages that fit
   }
   return found;
 }
 
-template <GgmlType kType, int kWarps, bool kPrefix, int kTok>
-void launch_one(const MmvqParams& p, const Geometry& g, void* stream) {
-  auto* kernel = mmvq_sb_kernel<kType, kWarps, kPrefix, kTok>;
+template <GgmlType kType, int kWarps, bool kPrefix, int kTok, int kPer>
+void launch_per(const MmvqParams& p, const Geometry& g, void* stream) {
+  auto* kernel = mmvq_sb_kernel<kType, kWarps, kPrefix, kTok, kPer>;
   static int smem_set = 48 * 1024;
   if (g.bytes > smem_set) {
     MOECHECK_CUDA_CHECK(
@@ -830,6 +888,12 @@ void launch_one(const MmvqParams& p, const Geometry& g, void* stream) {
   pdl::launch(kernel, dim3(static_cast<unsigned>(g.grid)), dim3(kWarps * kWarpSize),
               static_cast<size_t>(g.bytes), as_stream(stream), p, g.stages, g.n_act,
               pdl::mode() == pdl::Mode::kEarlyReads);
+}
+
+template <GgmlType kType, int kWarps, bool kPrefix, int kTok>
+void launch_one(const MmvqParams& p, const Geometry& g, void* stream) {
+  if (g.per == 2) launch_per<kType, kWarps, kPrefix, kTok, 2>(p, g, stream);
+  else launch_per<kType, kWarps, kPrefix, kTok, 1>(p, g, stream);
 }
 
 template <GgmlType kType, int kWarps>
@@ -859,6 +923,13 @@ void set_pass_shape(int pass_tokens, bool whole_sm) {
   g_whole_sm = whole_sm;
 }
 
+void set_step(int blocks) {
+  if (blocks != 0 && blocks != 4 && blocks != 8)
+    throw InputError("cuda::set_mmvq_stream_step: super-blocks a step must be 0, 4 or 8, found " +
+                     std::to_string(blocks));
+  g_step = blocks;
+}
+
 bool supported(const MmvqParams& p, GgmlType t) {
   if ((t != GgmlType::kQ2K && t != GgmlType::kQ3K) || p.max_n < 1 || p.max_n > kMaxGroupRows ||
       p.K <= 0 || p.K % kQK_K != 0 || p.K > (int64_t{1} << 20))
@@ -870,13 +941,32 @@ bool supported(const MmvqParams& p, GgmlType t) {
 }
 
 void launch(const MmvqParams& p, GgmlType t, int warps, int stages, void* stream) {
-  const int slot = slot_bytes(t, static_cast<int>(p.K / kQK_K));
+  const int nsb = static_cast<int>(p.K / kQK_K);
   const int want = stages != 0 ? stages : kDefaultStages;
+  const int w0 = warps != 0 ? warps : kDefaultWarps;
   Geometry g;
-  int w = warps != 0 ? warps : kDefaultWarps;
+  int w = w0;
+  bool fits = false;
+  // Double steps (8 super-blocks a row) halve the steps' copies and bookkeeping but double the
+  // rings. The default takes them for launches of several-token groups (the layers of 2 - 32
+  // tokens) where the rings fit at the shape's warps, 2 stages or more, with a block per
+  // multiprocessor; not for one-token launches, which gain nothing alone and, with rings that
+  // large, keep the shared expert's GEMV blocks off the multiprocessors they run beside
+  // (docs/performance.md "Double steps"). set_step forces a form (8: where it fits at all).
+  if (g_step == 8 || (g_step == 0 && prefixed(p) && nsb >= 2 * kChunkSb)) {
+    const int slot2 = slot_bytes(t, nsb, 2);
+    if (g_step == 8) {
+      while (!(fits = geometry(p, slot2, w, want, g)) && w > 4) w = w > 8 ? w - 4 : 4;
+    } else {
+      fits = geometry(p, slot2, w, want, g) && g.one_wave;
+    }
+    if (fits) g.per = 2;
+    else w = w0;
+  }
   // Fewer warps where the rings do not fit (large K): 16, 12, 8, then 4.
-  bool fits;
-  while (!(fits = geometry(p, slot, w, want, g)) && w > 4) w = w > 8 ? w - 4 : 4;
+  const int slot = slot_bytes(t, nsb);
+  if (!fits)
+    while (!(fits = geometry(p, slot, w, want, g)) && w > 4) w = w > 8 ? w - 4 : 4;
   if (!fits)
     throw InputError("cuda::mmvq (streamed engine): K=" + std::to_string(p.K) +
                      " does not fit the engine's shared memory");

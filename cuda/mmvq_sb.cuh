@@ -75,5 +75,7 @@ __host__ __device__ constexpr int64_t max_chunks_per_block(int64_t pairs, int64_
 
 // cuda::set_mmvq_stream_pass_shape (cuda/kernels.h).
 void set_pass_shape(int pass_tokens, bool whole_sm);
+// cuda::set_mmvq_stream_step (cuda/kernels.h).
+void set_step(int blocks);
 
 }  // namespace moecheck::cuda::mmvq_sb

@@ -166,7 +166,8 @@ static int profile_forwards(const LayerWeights& w, int64_t T) {
 // (cuda::set_bf16_gemv_x_staged), tok_blocks = 0..32 (cuda::set_bf16_gemv_tokens_blocks),
 // stream_tokens = 0.. (cuda::set_mmvq_stream_layer_tokens: the streamed MMVQ above 8 tokens),
 // whole_sm = 0 / 1 and pass_tokens = 0..2 (cuda::set_mmvq_stream_pass_shape; whole_sm first),
-// router_gemm = 0 / 1 (cuda::set_router_gemm: the staged router's GEMM above 8 tokens).
+// router_gemm = 0 / 1 (cuda::set_router_gemm: the staged router's GEMM above 8 tokens), step = 0 /
+// 4 / 8 (cuda::set_mmvq_stream_step: the streamed MMVQ's super-blocks a row a step).
 static int trace_graph(const LayerWeights& w, int64_t T, const std::vector<std::string>& kv) {
   cuda::LayerOptions lo;
   lo.route = RoutePlace::kDevice;
@@ -189,6 +190,7 @@ static int trace_graph(const LayerWeights& w, int64_t T, const std::vector<std::
     else if (k == "tok_blocks" && v >= 0 && v <= 32) cuda::set_bf16_gemv_tokens_blocks(v);
     else if (k == "stream_tokens" && v >= 0) cuda::set_mmvq_stream_layer_tokens(v);
     else if (k == "router_gemm" && (v == 0 || v == 1)) cuda::set_router_gemm(v == 1);
+    else if (k == "step" && (v == 0 || v == 4 || v == 8)) cuda::set_mmvq_stream_step(v);
     else if (k == "pass_tokens" && v >= 0 && v <= 2) cuda::set_mmvq_stream_pass_shape(v, whole_sm);
     else if (k == "whole_sm" && (v == 0 || v == 1)) {
       whole_sm = v == 1;
@@ -245,6 +247,15 @@ int main(int argc, char** argv) {
     // rows, set beside another build's in the same call.
     // Passes 1 and 2 also time the 2 - 8 token GEMV with as many blocks a multiprocessor as fit
     // (cuda::set_bf16_gemv_tokens_blocks(32); the default leaves one selection block's room).
+    // `layer_bench quick step=N`: the streamed MMVQ's steps forced (cuda::set_mmvq_stream_step).
+    if (argc > 2) {
+      const std::string a = argv[2];
+      if (a.rfind("step=", 0) != 0) {
+        std::fprintf(stderr, "layer_bench quick: unknown option '%s'\n", a.c_str());
+        return 2;
+      }
+      cuda::set_mmvq_stream_step(std::stoi(a.substr(5)));
+    }
     cuda::LayerOptions lo;
     lo.route = RoutePlace::kDevice;
     for (int pass = 1; pass <= 3; ++pass) {

@@ -42,11 +42,22 @@ struct Engine {
   int warps, stages, mode;
   bool diagnostic;  // copies only: not validated, no output (the copy pipeline's own rate)
   int sb_warps = 0, sb_stages = 0;  // the streamed engine's shape (0: its default)
+  int sb_step = 0;  // its super-blocks a row a step (cuda::set_mmvq_stream_step; 0: the default)
 };
 const Engine kEngines[] = {
-    {"streamed (default: 16 warps x 3 stages)", cuda::MmvqEngine::kStreamed, 8, 0, 0, false},
-    {"streamed, 16 warps x 2 stages", cuda::MmvqEngine::kStreamed, 8, 0, 0, false, 16, 2},
-    {"streamed, 12 warps x 4 stages", cuda::MmvqEngine::kStreamed, 8, 0, 0, false, 12, 4},
+    {"streamed (default shape and step)", cuda::MmvqEngine::kStreamed, 8, 0, 0, false},
+    {"streamed, steps of 4, 16 warps x 3 stages", cuda::MmvqEngine::kStreamed, 8, 0, 0, false, 16,
+     3, 4},
+    {"streamed, steps of 4, 16 warps x 2 stages", cuda::MmvqEngine::kStreamed, 8, 0, 0, false, 16,
+     2, 4},
+    {"streamed, steps of 4, 12 warps x 4 stages", cuda::MmvqEngine::kStreamed, 8, 0, 0, false, 12,
+     4, 4},
+    {"streamed, steps of 8, 16 warps x 2 stages", cuda::MmvqEngine::kStreamed, 8, 0, 0, false, 16,
+     2, 8},
+    {"streamed, steps of 8, 12 warps x 3 stages", cuda::MmvqEngine::kStreamed, 8, 0, 0, false, 12,
+     3, 8},
+    {"streamed, steps of 8, 8 warps x 4 stages", cuda::MmvqEngine::kStreamed, 8, 0, 0, false, 8, 4,
+     8},
     {"dp4a, 8 warps", cuda::MmvqEngine::kDp4a, 8, 0, 0, false},
     {"tensor cores, bulk copies, 4 stages", cuda::MmvqEngine::kTensorCore, 8, 4, 0, false},
     {"tensor cores, bulk copies, 6 stages", cuda::MmvqEngine::kTensorCore, 8, 6, 0, false},
@@ -111,6 +122,7 @@ int main() {
       if (eng.diagnostic) continue;
       cuda::set_mmvq_engine(eng.e, eng.stages, eng.mode);
       cuda::set_mmvq_stream_shape(eng.sb_warps, eng.sb_stages);
+      cuda::set_mmvq_stream_step(eng.sb_step);
       const int warps = eng.warps;
       const std::string w = std::string(" (") + eng.name + ")";
       cuda::mmvq_experts(GgmlType::kQ2K, d_tab, 2 * nsel, x_q8, false, y, inter, dim, warps, s);
@@ -129,6 +141,7 @@ int main() {
   for (const Engine& eng : kEngines) {
     cuda::set_mmvq_engine(eng.e, eng.stages, eng.mode);
     cuda::set_mmvq_stream_shape(eng.sb_warps, eng.sb_stages);
+    cuda::set_mmvq_stream_step(eng.sb_step);
     const int warps = eng.warps;
     double us = graph_us(
         [&](int i, cudaStream_t st) {
@@ -158,6 +171,7 @@ int main() {
                     b / us * 1e-3 / copy});
   }
   cuda::set_mmvq_stream_shape(0, 0);
+  cuda::set_mmvq_stream_step(0);
   // The one-token launch's fixed cost: the streamed engine (the default) and the dp4a kernel over
   // m = 2 .. 12 gate-shaped and 1 .. 6 down matrices (each launch shape first checked on set 0
   // against the emulation); time = fixed + m x per matrix, fitted by least squares. Then the

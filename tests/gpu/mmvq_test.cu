@@ -30,8 +30,12 @@ using gputest::same_f32;
 // and 4 / 6 tile stages, 14 the same with 16-byte cp.async copies; 20 the streamed engine (the
 // default) in its default shape, 42 it at 4 warps x 2 stages, 83 at 8 x 3, 124 at 12 x 4 (every
 // engine but dp4a takes one-token launches only; launches with larger groups still take the dp4a
-// kernel).
+// kernel); 1000 s + code: the streamed engine's code with steps of s super-blocks forced (4: a
+// block a class, 8: two; cuda::set_mmvq_stream_step), so both forms run whatever the default
+// picks.
 void set_engine(int e) {
+  cuda::set_mmvq_stream_step(e / 1000);
+  e %= 1000;
   if (e == 0) {
     cuda::set_mmvq_engine(cuda::MmvqEngine::kDp4a);
   } else if (e < 20) {
@@ -43,6 +47,7 @@ void set_engine(int e) {
 }
 
 void reset_engine() {
+  cuda::set_mmvq_stream_step(0);
   cuda::set_mmvq_stream_pass_shape(0, false);
   cuda::set_mmvq_engine(cuda::MmvqEngine::kStreamed);
   cuda::set_mmvq_stream_shape(0, 0);
@@ -50,6 +55,7 @@ void reset_engine() {
 }
 
 std::string engine_name(int e) {
+  if (e >= 1000) return engine_name(e % 1000) + "_step" + std::to_string(e / 1000);
   if (e == 0) return "dp4a";
   if (e < 10) return "tc_bulk" + std::to_string(e);
   if (e < 20) return "tc_async";
@@ -264,10 +270,13 @@ INSTANTIATE_TEST_SUITE_P(
                       std::tuple{GgmlType::kQ2K, 8, 0}, std::tuple{GgmlType::kQ2K, 8, 4},
                       std::tuple{GgmlType::kQ2K, 8, 14}, std::tuple{GgmlType::kQ2K, 8, 20},
                       std::tuple{GgmlType::kQ2K, 8, 42}, std::tuple{GgmlType::kQ2K, 8, 83},
-                      std::tuple{GgmlType::kQ3K, 2, 0}, std::tuple{GgmlType::kQ3K, 4, 0},
-                      std::tuple{GgmlType::kQ3K, 8, 0}, std::tuple{GgmlType::kQ3K, 8, 4},
-                      std::tuple{GgmlType::kQ3K, 8, 14}, std::tuple{GgmlType::kQ3K, 8, 20},
-                      std::tuple{GgmlType::kQ3K, 8, 42}, std::tuple{GgmlType::kQ3K, 8, 83}),
+                      std::tuple{GgmlType::kQ2K, 8, 4020}, std::tuple{GgmlType::kQ2K, 8, 8020},
+                      std::tuple{GgmlType::kQ2K, 8, 8042}, std::tuple{GgmlType::kQ3K, 2, 0},
+                      std::tuple{GgmlType::kQ3K, 4, 0}, std::tuple{GgmlType::kQ3K, 8, 0},
+                      std::tuple{GgmlType::kQ3K, 8, 4}, std::tuple{GgmlType::kQ3K, 8, 14},
+                      std::tuple{GgmlType::kQ3K, 8, 20}, std::tuple{GgmlType::kQ3K, 8, 42},
+                      std::tuple{GgmlType::kQ3K, 8, 83}, std::tuple{GgmlType::kQ3K, 8, 4020},
+                      std::tuple{GgmlType::kQ3K, 8, 8020}, std::tuple{GgmlType::kQ3K, 8, 8042}),
     [](const auto& info) {
       return std::string(std::get<0>(info.param) == GgmlType::kQ2K ? "Q2K" : "Q3K") + "_W" +
              std::to_string(std::get<1>(info.param)) + "_" + engine_name(std::get<2>(info.param));
@@ -291,7 +300,7 @@ TEST(MmvqDs41, SixExpertsOneLaunch_Gate2304x5120Q2K_Down5120x2304Q3K) {
     for (int64_t i = 0; i < n; ++i) dp.push_back(dw.get() + i * rows * rb);
     DevArray<const uint8_t*> dtab(dp);
     DevArray<BlockQ8_1> da(a);
-    for (int engine : {0, 4, 6, 14, 20, 42, 83, 124}) {
+    for (int engine : {0, 4, 6, 14, 20, 42, 83, 124, 4020, 8020, 8083, 8124}) {
       set_engine(engine);
       for (int warps : {2, 4, 8}) {
         DevArray<float> dy(want.size());
@@ -312,6 +321,20 @@ TEST(MmvqDs41, SixExpertsOneLaunch_Gate2304x5120Q2K_Down5120x2304Q3K) {
 // 0, meet, end at the last item, each holds at most its share of the work plus one item's, and
 // touches at most max_chunks_per_block chunks (the bound of its activation slots, which the
 // kernel traps on).
+// The streamed engine's step setting takes 0, 4 or 8 super-blocks and names the others.
+TEST(MmvqStreamStep, RejectsOtherSizes_Host) {
+  for (int bad : {-1, 1, 2, 3, 5, 12, 16}) {
+    try {
+      cuda::set_mmvq_stream_step(bad);
+      ADD_FAILURE() << "set_mmvq_stream_step(" << bad << ") did not throw";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("found " + std::to_string(bad)), std::string::npos)
+          << e.what();
+    }
+  }
+  for (int ok : {4, 8, 0}) EXPECT_NO_THROW(cuda::set_mmvq_stream_step(ok));
+}
+
 TEST(MmvqStreamSplit, WorkRangesCoverEveryItemOnce_Host) {
   for (uint64_t seed = 1; seed <= 600; ++seed) {
     emutest::Gen g(seed * 2654435761u);
