@@ -321,6 +321,58 @@ TEST(MmvqDs41, SixExpertsOneLaunch_Gate2304x5120Q2K_Down5120x2304Q3K) {
 // 0, meet, end at the last item, each holds at most its share of the work plus one item's, and
 // touches at most max_chunks_per_block chunks (the bound of its activation slots, which the
 // kernel traps on).
+// The streamed engine's step plans (cuda/mmvq_sb.cuh StepPlan), for rows of 1 - 200 super-blocks
+// in steps of one and two a class: the steps take every super-block once; a class's blocks (the
+// lane's chains) come in increasing sb; the shared rem blocks are the row's last nsb % 4, after
+// every class block, in the last step; and each step's covering copy fits its slot, whose pitch
+// is an odd multiple of 16 bytes (the bank spread the kernel's header describes).
+TEST(MmvqStreamStep, PlansTakeEverySuperBlockOnceInChainOrder_Host) {
+  using cuda::mmvq_sb::kChunkSb;
+  using cuda::mmvq_sb::slot_bytes;
+  using cuda::mmvq_sb::StepPlan;
+  for (int per : {1, 2}) {
+    for (int nsb = 1; nsb <= 200; ++nsb) {
+      const std::string at = "per=" + std::to_string(per) + " nsb=" + std::to_string(nsb);
+      const StepPlan sp(nsb, per);
+      std::vector<int> seen(static_cast<size_t>(nsb), 0);
+      int last_class[kChunkSb] = {-1, -1, -1, -1}, last_class_any = -1, rem_seen = 0;
+      for (int q = 0; q < sp.nq; ++q) {
+        const int start = kChunkSb * per * q;
+        const int ncb = sp.class_blocks(q, per);
+        ASSERT_EQ(sp.blocks(q, per), kChunkSb * ncb + (q == sp.nq - 1 ? sp.rem : 0)) << at;
+        for (int i = 0; i < ncb; ++i)
+          for (int c = 0; c < kChunkSb; ++c) {
+            const int sb = start + kChunkSb * i + c;
+            ASSERT_LT(sb, nsb) << at << " q=" << q;
+            ASSERT_EQ(sb % kChunkSb, c) << at;
+            ASSERT_GT(sb, last_class[c]) << at << " q=" << q << ": class " << c << " out of order";
+            last_class[c] = sb;
+            last_class_any = std::max(last_class_any, sb);
+            ++seen[static_cast<size_t>(sb)];
+          }
+        if (q == sp.nq - 1)
+          for (int o = 0; o < sp.rem; ++o) {
+            const int sb = start + kChunkSb * ncb + o;
+            ASSERT_LT(sb, nsb) << at;
+            ASSERT_GE(sb, nsb - nsb % kChunkSb) << at << ": a shared block that is not a rem";
+            ASSERT_GT(sb, last_class_any) << at << ": a rem block before a class block";
+            ++seen[static_cast<size_t>(sb)];
+            ++rem_seen;
+          }
+        for (GgmlType t : {GgmlType::kQ2K, GgmlType::kQ3K}) {
+          const int slot = slot_bytes(t, nsb, per), kb = t == GgmlType::kQ2K ? 84 : 110;
+          ASSERT_GE(slot, 14 + sp.blocks(q, per) * kb + 2 + 4) << at << " q=" << q;
+          ASSERT_EQ(slot % 32, 16) << at;
+        }
+      }
+      EXPECT_EQ(rem_seen, nsb % kChunkSb) << at;
+      for (int sb = 0; sb < nsb; ++sb)
+        ASSERT_EQ(seen[static_cast<size_t>(sb)], 1)
+            << at << " sb=" << sb << " taken " << seen[static_cast<size_t>(sb)] << " times";
+    }
+  }
+}
+
 // The streamed engine's step setting takes 0, 4 or 8 super-blocks and names the others.
 TEST(MmvqStreamStep, RejectsOtherSizes_Host) {
   for (int bad : {-1, 1, 2, 3, 5, 12, 16}) {
