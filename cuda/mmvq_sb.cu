@@ -570,7 +570,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
     uint32_t size = 0;
     uintptr_t a = 0;
     if (i_live) {
-      const int nb = sp.blocks(q, kPer);
+      const int nb = sp.blocks(q);
       const uintptr_t s = i_row + static_cast<uintptr_t>(q * kCB * kB);
       a = s & ~uintptr_t{15};
       size = static_cast<uint32_t>(((s + nb * kB + 15) & ~uintptr_t{15}) - a);
@@ -649,7 +649,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
     const int64_t row = static_cast<int64_t>(at.pass) * kPassRows + r;
     const int m = static_cast<int>((row_ph + static_cast<uint32_t>(q * kCB * kB)) & 15u);
     // The class's blocks of the step, in increasing sb: 4 i + c of the step's, i < ncb.
-    const int ncb = sp.class_blocks(q, kPer);
+    const int ncb = sp.class_blocks(q);
     auto class_block = [&](int i) {
       const int sb = kCB * q + kChunkSb * i + c;
       const uint8_t* aq = act + kActQSb * sb;
@@ -882,6 +882,12 @@ void launch(const MmvqParams& p, GgmlType t, int warps, int stages, void* stream
   const int w0 = warps != 0 ? warps : kDefaultWarps;
   Geometry g;
   int w = w0;
+  // Fewer warps where the rings of slot do not fit (large K): w, then 12, 8, 4.
+  auto fit_warps = [&](int slot) {
+    bool ok;
+    while (!(ok = geometry(p, slot, w, want, g)) && w > 4) w = w > 8 ? w - 4 : 4;
+    return ok;
+  };
   bool fits = false;
   // Double steps (8 super-blocks a row) halve the steps' copies and bookkeeping but double the
   // rings. The default takes them for launches of several-token groups (the layers of 2 - 32
@@ -891,18 +897,11 @@ void launch(const MmvqParams& p, GgmlType t, int warps, int stages, void* stream
   // (docs/performance.md "Double steps"). set_step forces a form (8: where it fits at all).
   if (g_step == 8 || (g_step == 0 && prefixed(p) && nsb >= 2 * kChunkSb)) {
     const int slot2 = slot_bytes(t, nsb, 2);
-    if (g_step == 8) {
-      while (!(fits = geometry(p, slot2, w, want, g)) && w > 4) w = w > 8 ? w - 4 : 4;
-    } else {
-      fits = geometry(p, slot2, w, want, g) && g.one_wave;
-    }
+    fits = g_step == 8 ? fit_warps(slot2) : geometry(p, slot2, w, want, g) && g.one_wave;
     if (fits) g.per = 2;
     else w = w0;
   }
-  // Fewer warps where the rings do not fit (large K): 16, 12, 8, then 4.
-  const int slot = slot_bytes(t, nsb);
-  if (!fits)
-    while (!(fits = geometry(p, slot, w, want, g)) && w > 4) w = w > 8 ? w - 4 : 4;
+  if (!fits) fits = fit_warps(slot_bytes(t, nsb));
   if (!fits)
     throw InputError("cuda::mmvq (streamed engine): K=" + std::to_string(p.K) +
                      " does not fit the engine's shared memory");

@@ -15,68 +15,66 @@ namespace moecheck::cuda::mmvq_sb {
 // A pass's steps and a row's slot in a stage (shared with the host tests, tests/gpu/mmvq_test.cu).
 constexpr int kChunkSb = 4;  // super-blocks of a row in a step of one a class (sb % 4)
 
-// A row's slot in a stage: 4 blocks after up to 14 bytes of alignment slack, the covering copy's
-// tail and the funnel's one-word over-read, as an odd multiple of 16 bytes, so that the 32 lanes'
-// word reads fall on distinct banks for Q2_K (rows 4 r banks apart, classes c offset by 21 c
-// words) and on at most two lanes a bank for Q3_K (counted over every row alignment; no slot
-// pitch or per-row skew gets Q3_K's 110-byte blocks to one).
-template <GgmlType kType>
-constexpr int kSlot = kType == GgmlType::kQ2K ? 368 : 464;
-static_assert(kSlot<GgmlType::kQ2K> >= 14 + kChunkSb * 84 + 2 + 4 &&
-              kSlot<GgmlType::kQ2K> % 32 == 16);
-static_assert(kSlot<GgmlType::kQ3K> >= 14 + kChunkSb * 110 + 2 + 4 &&
-              kSlot<GgmlType::kQ3K> % 32 == 16);
-// The slot of a launch whose rows' super-blocks are not a multiple of 4 (rem = nsb % 4 of 1 - 3)
-// and number at least 4: its last step carries the last class step's 4 blocks and the rem left
-// over, one copy a row and one step fewer a pass, so the slot holds 4 + rem blocks, again as an
-// odd multiple of 16 bytes (a pitch of 4 x odd words puts the 8 rows on distinct banks mod 4
-// words, and Q2_K's classes, 21 c words apart, on the residues between). Otherwise kSlot.
+// Steps of kPer super-blocks a class (kPer = 2: double steps, 8 blocks a row; docs/performance.md
+// "Double steps"). A row's nsb super-blocks go as `full` steps of 4 kPer blocks, then (kPer = 2)
+// `a4` steps of 4 (0 or 1), and the rem = nsb % 4 left over travel with the last of those (one
+// copy a row and one step a pass fewer than a step of their own), or alone when there is none.
+// Step q starts at super-block 4 kPer q and holds class_blocks(q) of each class, then the rem if
+// it is the last.
+struct StepPlan {
+  int per, full, a4, rem, nq;
+  __host__ __device__ constexpr StepPlan(int nsb, int per_)
+      : per(per_),
+        full(nsb / (kChunkSb * per_)),
+        a4(nsb % (kChunkSb * per_) / kChunkSb),
+        rem(nsb % kChunkSb),
+        nq(full + a4 != 0 ? full + a4 : 1) {}
+  __host__ __device__ constexpr int class_blocks(int q) const {
+    return q < full ? per : q < full + a4 ? 1 : 0;
+  }
+  __host__ __device__ constexpr int blocks(int q) const {
+    return kChunkSb * class_blocks(q) + (q == nq - 1 ? rem : 0);
+  }
+};
+
+// A row's slot in a stage: the largest step's blocks (at least 4) after up to 14 bytes of
+// alignment slack, the covering copy's tail and the funnel's one-word over-read, as an odd
+// multiple of 16 bytes, so that the 32 lanes' word reads fall on distinct banks for Q2_K (rows
+// 4 r banks apart mod 4 words, classes c offset by 21 c words on the residues between) and on at
+// most two lanes a bank for Q3_K (counted over every row alignment; no slot pitch or per-row skew
+// gets Q3_K's 110-byte blocks to one).
 __host__ __device__ constexpr int slot_for_blocks(GgmlType t, int blocks) {
   const int need = 14 + blocks * (t == GgmlType::kQ2K ? 84 : 110) + 2 + 4;
   const int n16 = (need + 15) / 16;
   return 16 * (n16 % 2 == 1 ? n16 : n16 + 1);
 }
-// Steps of kPer super-blocks a class (kPer = 2: double steps, 8 blocks a row; docs/performance.md
-// "Double steps"). A row's nsb super-blocks go as `full` steps of 4 kPer blocks, then (kPer = 2)
-// `a4` steps of 4 (0 or 1), and the rem = nsb % 4 left over travel with the last of those (or
-// alone when there is none). Step q starts at super-block 4 kPer q and holds class_blocks(q) of
-// each class, then the rem if it is the last.
-struct StepPlan {
-  int full, a4, rem, nq;
-  __host__ __device__ constexpr StepPlan(int nsb, int per)
-      : full(nsb / (kChunkSb * per)),
-        a4(nsb % (kChunkSb * per) / kChunkSb),
-        rem(nsb % kChunkSb),
-        nq(full + a4 != 0 ? full + a4 : 1) {}
-  __host__ __device__ constexpr int class_blocks(int q, int per) const {
-    return q < full ? per : q < full + a4 ? 1 : 0;
-  }
-  __host__ __device__ constexpr int blocks(int q, int per) const {
-    return kChunkSb * class_blocks(q, per) + (q == nq - 1 ? rem : 0);
-  }
-};
 __host__ __device__ constexpr int slot_bytes(GgmlType t, int nsb, int per = 1) {
+  // Steps of one a class: the closed form of the loop below (4 blocks, or 4 + rem in the last
+  // step of a row of 4 or more), which the kernels evaluate at run time.
   if (per == 1) {
     const int rem = nsb % kChunkSb;
-    if (rem == 0 || nsb < kChunkSb)
-      return t == GgmlType::kQ2K ? kSlot<GgmlType::kQ2K> : kSlot<GgmlType::kQ3K>;
+    if (rem == 0 || nsb < kChunkSb) return t == GgmlType::kQ2K ? 368 : 464;
     return slot_for_blocks(t, kChunkSb + rem);
   }
   const StepPlan sp(nsb, per);
   int most = kChunkSb;
-  for (int q = 0; q < sp.nq; ++q) most = sp.blocks(q, per) > most ? sp.blocks(q, per) : most;
+  for (int q = 0; q < sp.nq; ++q) most = sp.blocks(q) > most ? sp.blocks(q) : most;
   return slot_for_blocks(t, most);
 }
+// The closed form's 4-block pitches are the general rule's, and the pitches the bank counts above
+// were made for: 4 blocks (368, 464), 4 + rem, 8 and 8 + rem.
+static_assert(slot_for_blocks(GgmlType::kQ2K, 4) == 368 &&
+              slot_for_blocks(GgmlType::kQ3K, 4) == 464);
 static_assert(slot_bytes(GgmlType::kQ3K, 9) == 592 && slot_bytes(GgmlType::kQ2K, 20) == 368 &&
               slot_bytes(GgmlType::kQ3K, 8) == 464 && slot_bytes(GgmlType::kQ2K, 7) == 624);
 static_assert(slot_bytes(GgmlType::kQ2K, 20, 2) == 720 &&
               slot_bytes(GgmlType::kQ3K, 9, 2) == 1040 && slot_bytes(GgmlType::kQ3K, 7, 2) == 816 &&
               slot_bytes(GgmlType::kQ2K, 2, 2) == 368);
-static_assert(StepPlan(20, 2).nq == 3 && StepPlan(20, 2).blocks(2, 2) == 4 &&
-              StepPlan(9, 2).nq == 1 && StepPlan(9, 2).blocks(0, 2) == 9 &&
-              StepPlan(7, 2).nq == 1 && StepPlan(7, 2).blocks(0, 2) == 7 &&
-              StepPlan(3, 2).blocks(0, 2) == 3 && StepPlan(20, 1).nq == 5 &&
-              StepPlan(9, 1).blocks(1, 1) == 5 && StepPlan(2, 1).blocks(0, 1) == 2);
+static_assert(StepPlan(20, 2).nq == 3 && StepPlan(20, 2).blocks(2) == 4 && StepPlan(9, 2).nq == 1 &&
+              StepPlan(9, 2).blocks(0) == 9 && StepPlan(7, 2).nq == 1 &&
+              StepPlan(7, 2).blocks(0) == 7 && StepPlan(3, 2).blocks(0) == 3 &&
+              StepPlan(20, 1).nq == 5 && StepPlan(9, 1).blocks(1) == 5 &&
+              StepPlan(2, 1).blocks(0) == 2);
 
 // True when the engine can take this launch (cuda/mmvq.cu launch() has filled row_bytes, max_n
 // and n_groups): Q2_K or Q3_K, groups of up to 8 tokens (at most 4096 groups when they hold

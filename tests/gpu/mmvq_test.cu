@@ -338,8 +338,8 @@ TEST(MmvqStreamStep, PlansTakeEverySuperBlockOnceInChainOrder_Host) {
       int last_class[kChunkSb] = {-1, -1, -1, -1}, last_class_any = -1, rem_seen = 0;
       for (int q = 0; q < sp.nq; ++q) {
         const int start = kChunkSb * per * q;
-        const int ncb = sp.class_blocks(q, per);
-        ASSERT_EQ(sp.blocks(q, per), kChunkSb * ncb + (q == sp.nq - 1 ? sp.rem : 0)) << at;
+        const int ncb = sp.class_blocks(q);
+        ASSERT_EQ(sp.blocks(q), kChunkSb * ncb + (q == sp.nq - 1 ? sp.rem : 0)) << at;
         for (int i = 0; i < ncb; ++i)
           for (int c = 0; c < kChunkSb; ++c) {
             const int sb = start + kChunkSb * i + c;
@@ -361,7 +361,7 @@ TEST(MmvqStreamStep, PlansTakeEverySuperBlockOnceInChainOrder_Host) {
           }
         for (GgmlType t : {GgmlType::kQ2K, GgmlType::kQ3K}) {
           const int slot = slot_bytes(t, nsb, per), kb = t == GgmlType::kQ2K ? 84 : 110;
-          ASSERT_GE(slot, 14 + sp.blocks(q, per) * kb + 2 + 4) << at << " q=" << q;
+          ASSERT_GE(slot, 14 + sp.blocks(q) * kb + 2 + 4) << at << " q=" << q;
           ASSERT_EQ(slot % 32, 16) << at;
         }
       }
