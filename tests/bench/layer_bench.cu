@@ -250,11 +250,13 @@ int main(int argc, char** argv) {
     // `layer_bench quick step=N`: the streamed MMVQ's steps forced (cuda::set_mmvq_stream_step).
     if (argc > 2) {
       const std::string a = argv[2];
-      if (a.rfind("step=", 0) != 0) {
-        std::fprintf(stderr, "layer_bench quick: unknown option '%s'\n", a.c_str());
+      const int v = a.rfind("step=", 0) == 0 ? std::atoi(a.c_str() + 5) : -1;
+      if (v != 0 && v != 4 && v != 8) {
+        std::fprintf(stderr, "layer_bench quick: unknown option '%s' (step=0, 4 or 8)\n",
+                     a.c_str());
         return 2;
       }
-      cuda::set_mmvq_stream_step(std::stoi(a.substr(5)));
+      cuda::set_mmvq_stream_step(v);
     }
     cuda::LayerOptions lo;
     lo.route = RoutePlace::kDevice;
