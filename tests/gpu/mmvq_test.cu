@@ -315,12 +315,6 @@ TEST(MmvqDs41, SixExpertsOneLaunch_Gate2304x5120Q2K_Down5120x2304Q3K) {
   }
 }
 
-// The streamed engine's split of several-token launches by work (cuda/mmvq_sb.cuh first_item),
-// on the host (no GPU needed): for random groups (0 - 8 tokens; on a third of the seeds nearly
-// all of one token, the lightest chunks), row passes and grids, the blocks' item ranges start at
-// 0, meet, end at the last item, each holds at most its share of the work plus one item's, and
-// touches at most max_chunks_per_block chunks (the bound of its activation slots, which the
-// kernel traps on).
 // The streamed engine's step plans (cuda/mmvq_sb.cuh StepPlan), for rows of 1 - 200 super-blocks
 // in steps of one and two a class: the steps take every super-block once; a class's blocks (the
 // lane's chains) come in increasing sb; the shared rem blocks are the row's last nsb % 4, after
@@ -387,6 +381,12 @@ TEST(MmvqStreamStep, RejectsOtherSizes_Host) {
   for (int ok : {4, 8, 0}) EXPECT_NO_THROW(cuda::set_mmvq_stream_step(ok));
 }
 
+// The streamed engine's split of several-token launches by work (cuda/mmvq_sb.cuh first_item),
+// on the host (no GPU needed): for random groups (0 - 8 tokens; on a third of the seeds nearly
+// all of one token, the lightest chunks), row passes and grids, the blocks' item ranges start at
+// 0, meet, end at the last item, each holds at most its share of the work plus one item's, and
+// touches at most max_chunks_per_block chunks (the bound of its activation slots, which the
+// kernel traps on).
 TEST(MmvqStreamSplit, WorkRangesCoverEveryItemOnce_Host) {
   for (uint64_t seed = 1; seed <= 600; ++seed) {
     emutest::Gen g(seed * 2654435761u);
