@@ -67,37 +67,8 @@ namespace {
 
 using namespace mmvq_tiles;
 
-constexpr int kPassRows = 8;  // rows per pass: lane = 4 row + class
-constexpr int kSmemMax = 227 * 1024;
-constexpr int kDefaultWarps = 16, kDefaultStages = 3;
-// Launches with groups of several tokens: the most tokens a pass computes (its chunk).
-constexpr int kPassTokens = 2;
-// Groups of several tokens: the most groups a launch may have (the blocks' prefix of their token
-// counts, 16 KB of shared memory).
-constexpr int64_t kMaxPrefixGroups = 4096;
-
 template <GgmlType kType>
 constexpr int kBB = kType == GgmlType::kQ2K ? 84 : 110;
-
-// The block's shared memory: the warps' rings (warp w's S stages at w S stage), then the
-// activation slots, one per pair (group, token) the block's passes touch: per unit g (super-block
-// sb = g / 8, position b = g % 8) the 32 quants at q + 272 sb + 32 b and {d8, half sums as two
-// 16-bit halves, -4 a0, -4 a1} at m + 144 sb + 16 b (16 bytes of padding per super-block put the
-// four classes' units on different banks); then the stage barriers, then (groups of several
-// tokens) the prefix of the groups' token counts.
-constexpr int kActQSb = 8 * 32 + 16, kActMSb = 8 * 16 + 16;
-struct Layout {
-  int slot, stage, acts, act_bytes, act_m, bar, bytes;
-  __host__ __device__ Layout(int slot_bytes, int units, int warps, int stages, int n_act) {
-    slot = slot_bytes;
-    stage = kPassRows * slot_bytes;
-    acts = warps * stages * stage;
-    act_m = kActQSb * (units / 8);  // within a slot
-    act_bytes = act_m + kActMSb * (units / 8);
-    bar = acts + n_act * act_bytes;
-    bytes = bar + warps * stages * 8;
-  }
-};
 
 __device__ __forceinline__ int act_q_off(int g) { return kActQSb * (g >> 3) + 32 * (g & 7); }
 __device__ __forceinline__ int act_m_off(int g) { return kActMSb * (g >> 3) + 16 * (g & 7); }
@@ -721,96 +692,8 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   }
 }
 
-// The launch's geometry: stages per warp, grid and activation slots per block, chosen on the
-// host from upper bounds (every group at max_n tokens); the kernel's live ranges are within them.
-struct Geometry {
-  int stages, n_act, bytes;
-  int64_t grid;
-  int tok;        // tokens a pass (chunk)
-  bool one_wave;  // a block per multiprocessor at most (the activation slots did not add blocks)
-  int per = 1;    // super-blocks a class a step (StepPlan)
-};
-
-// Diagnostics (set_pass_shape): tokens a pass in launches of several-token groups (0: the
-// launch's own, MmvqParams::pass_tokens), and whether those launches take a multiprocessor's
-// whole shared memory.
-int g_pass_tokens = 0;
-bool g_whole_sm = false;
-// Diagnostics (set_step): super-blocks a row a step, 4 or 8; 0 the default (launch()).
-int g_step = 0;
-
-// Groups of several tokens: the blocks' token and chunk prefixes (cuda::mmvq_sb's Pairs).
-bool prefixed(const MmvqParams& p) { return p.form == Form::kGroups && p.max_n > 1; }
-
-int extra_bytes(const MmvqParams& p, int n_act) {
-  const int prefix = prefixed(p) ? static_cast<int>(8 * (p.n_groups + 1)) : 0;
-  return (4 * n_act + prefix + 15) / 16 * 16;
-}
-
-// Fits W warps: the most stages up to `want` (at least 2) with which one block per
-// multiprocessor holds the activation slots of its chunks, else the fewest blocks (more than one
-// per multiprocessor) over every stage count. False: does not fit at all.
-bool geometry(const MmvqParams& p, int slot, int warps, int want, Geometry& g) {
-  const int units = static_cast<int>(p.K / kQK8_1);
-  const int tok = !prefixed(p) ? 1 : g_pass_tokens != 0 ? g_pass_tokens : p.pass_tokens;
-  // Upper bounds of the launch's pairs (group, token) and chunks: every group at max_n tokens;
-  // the device-planned form has at most proj_stride pairs a projection (mmvq_groups_planned).
-  int64_t pairs = p.form == Form::kPlain ? p.T : p.n_groups * p.max_n;
-  if (p.form == Form::kGroups && p.dev_count != nullptr && p.n_proj * p.proj_stride < pairs)
-    pairs = p.n_proj * p.proj_stride;
-  int64_t chunks = pairs;
-  if (tok > 1 && p.n_groups * ((p.max_n + tok - 1) / tok) < chunks)
-    chunks = p.n_groups * ((p.max_n + tok - 1) / tok);
-  const int64_t passes = (p.rows + kPassRows - 1) / kPassRows;
-  const int64_t items = passes * chunks;
-  const int64_t resident = current_sm_count();
-  int64_t grid = (items + warps - 1) / warps;
-  grid = grid < 1 ? 1 : grid < resident ? grid : resident;
-  // A block's pairs: its chunks times tok. Split by count (one-token passes): its items over
-  // passes, plus one chunk split by the range. Split by work (several-token passes,
-  // cuda/mmvq_sb.cuh first_item): max_chunks_per_block.
-  auto acts = [&](int64_t gg) {
-    int64_t a;
-    if (tok > 1) {
-      a = max_chunks_per_block(pairs, gg) * tok;
-    } else {
-      const int64_t ipb = (items + gg - 1) / gg;
-      a = ((ipb + passes - 1) / passes + 1) * tok;
-    }
-    return a < pairs ? a : pairs;
-  };
-  // The fewest blocks whose activation slots fit in room (each a block per multiprocessor or
-  // more), from the bounds above.
-  auto grid_for = [&](int64_t room) {
-    const int64_t c = room / tok - (tok > 1 ? 2 : 1);  // whole chunks a block may hold
-    if (c < 1) return items + 1;                       // none: does not fit
-    if (tok > 1) return (pairs + c - 1) / c;
-    return (items + c * passes - 1) / (c * passes);
-  };
-  bool found = false;
-  for (int s = want; s >= 2; --s) {
-    const Layout L0(slot, units, warps, s, 0);
-    const int per_act = L0.act_bytes + 4;
-    const int64_t room = (kSmemMax - L0.bytes - extra_bytes(p, 0) - 16) / per_act;
-    if (room < 2 * tok) continue;
-    int64_t gr = grid;
-    if (acts(gr) > room) gr = grid_for(room);
-    if (gr > items) continue;
-    if (found && gr >= g.grid) continue;
-    const int n_act = static_cast<int>(acts(gr));
-    const int bytes = Layout(slot, units, warps, s, n_act).bytes + extra_bytes(p, n_act);
-    if (bytes > kSmemMax) continue;
-    g.stages = s;
-    g.n_act = n_act;
-    g.grid = gr;
-    g.bytes = g_whole_sm && prefixed(p) ? kSmemMax : bytes;
-    g.tok = tok;
-    g.one_wave = gr <= grid;
-    found = true;
-    if (gr <= grid) break;  // one block per multiprocessor at the most stages that fit
-  }
-  return found;
-}
+// The process's settings (set_pass_shape, set_step; Settings in cuda/mmvq_sb.cuh).
+Settings g_settings;
 
 template <GgmlType kType, int kWarps, bool kPrefix, int kTok, int kPer>
 void launch_per(const MmvqParams& p, const Geometry& g, void* stream) {
@@ -840,8 +723,8 @@ void launch_prefix(const MmvqParams& p, const Geometry& g, void* stream) {
 }
 
 template <GgmlType kType>
-void launch_type(const MmvqParams& p, int w, const Geometry& g, void* stream) {
-  switch (w) {
+void launch_type(const MmvqParams& p, const Geometry& g, void* stream) {
+  switch (g.warps) {
     case 16: launch_prefix<kType, 16>(p, g, stream); break;
     case 12: launch_prefix<kType, 12>(p, g, stream); break;
     case 8: launch_prefix<kType, 8>(p, g, stream); break;
@@ -855,15 +738,15 @@ void set_pass_shape(int pass_tokens, bool whole_sm) {
   if (pass_tokens < 0 || pass_tokens > kPassTokens)
     throw InputError("cuda::set_mmvq_stream_pass_shape: pass tokens must be in [0, " +
                      std::to_string(kPassTokens) + "], found " + std::to_string(pass_tokens));
-  g_pass_tokens = pass_tokens;
-  g_whole_sm = whole_sm;
+  g_settings.pass_tokens = pass_tokens;
+  g_settings.whole_sm = whole_sm;
 }
 
 void set_step(int blocks) {
   if (blocks != 0 && blocks != 4 && blocks != 8)
     throw InputError("cuda::set_mmvq_stream_step: super-blocks a step must be 0, 4 or 8, found " +
                      std::to_string(blocks));
-  g_step = blocks;
+  g_settings.step = blocks;
 }
 
 bool supported(const MmvqParams& p, GgmlType t) {
@@ -873,40 +756,16 @@ bool supported(const MmvqParams& p, GgmlType t) {
   if (p.form == Form::kGroups && p.max_n > 1 && p.n_groups > kMaxPrefixGroups) return false;
   const int slot = slot_bytes(t, static_cast<int>(p.K / kQK_K));
   Geometry g;
-  return geometry(p, slot, 4, 2, g);
+  return geometry(p, slot, 4, 2, current_sm_count(), g_settings, g);
 }
 
 void launch(const MmvqParams& p, GgmlType t, int warps, int stages, void* stream) {
-  const int nsb = static_cast<int>(p.K / kQK_K);
-  const int want = stages != 0 ? stages : kDefaultStages;
-  const int w0 = warps != 0 ? warps : kDefaultWarps;
   Geometry g;
-  int w = w0;
-  // Fewer warps where the rings of slot do not fit (large K): w, then 12, 8, 4.
-  auto fit_warps = [&](int slot) {
-    bool ok;
-    while (!(ok = geometry(p, slot, w, want, g)) && w > 4) w = w > 8 ? w - 4 : 4;
-    return ok;
-  };
-  bool fits = false;
-  // Double steps (8 super-blocks a row) halve the steps' copies and bookkeeping but double the
-  // rings. The default takes them for launches of several-token groups (the layers of 2 - 32
-  // tokens) where the rings fit at the shape's warps, 2 stages or more, with a block per
-  // multiprocessor; not for one-token launches, which gain nothing alone and, with rings that
-  // large, keep the shared expert's GEMV blocks off the multiprocessors they run beside
-  // (docs/performance.md "Double steps"). set_step forces a form (8: where it fits at all).
-  if (g_step == 8 || (g_step == 0 && prefixed(p) && nsb >= 2 * kChunkSb)) {
-    const int slot2 = slot_bytes(t, nsb, 2);
-    fits = g_step == 8 ? fit_warps(slot2) : geometry(p, slot2, w, want, g) && g.one_wave;
-    if (fits) g.per = 2;
-    else w = w0;
-  }
-  if (!fits) fits = fit_warps(slot_bytes(t, nsb));
-  if (!fits)
+  if (!choose(p, t, warps, stages, current_sm_count(), g_settings, g))
     throw InputError("cuda::mmvq (streamed engine): K=" + std::to_string(p.K) +
                      " does not fit the engine's shared memory");
-  if (t == GgmlType::kQ2K) launch_type<GgmlType::kQ2K>(p, w, g, stream);
-  else launch_type<GgmlType::kQ3K>(p, w, g, stream);
+  if (t == GgmlType::kQ2K) launch_type<GgmlType::kQ2K>(p, g, stream);
+  else launch_type<GgmlType::kQ3K>(p, g, stream);
 }
 
 }  // namespace moecheck::cuda::mmvq_sb

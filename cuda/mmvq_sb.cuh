@@ -15,6 +15,16 @@ namespace moecheck::cuda::mmvq_sb {
 // A pass's steps and a row's slot in a stage (shared with the host tests, tests/gpu/mmvq_test.cu).
 constexpr int kChunkSb = 4;  // super-blocks of a row in a step of one a class (sb % 4)
 
+// The engine's shapes (cuda/mmvq_sb.cu's kernel, the launch's geometry below and the host tests).
+constexpr int kPassRows = 8;  // rows per pass: lane = 4 row + class
+constexpr int kSmemMax = 227 * 1024;
+constexpr int kDefaultWarps = 16, kDefaultStages = 3;
+// Launches with groups of several tokens: the most tokens a pass computes (its chunk).
+constexpr int kPassTokens = 2;
+// Groups of several tokens: the most groups a launch may have (the blocks' prefix of their token
+// counts, 16 KB of shared memory).
+constexpr int64_t kMaxPrefixGroups = 4096;
+
 // Steps of kPer super-blocks a class (kPer = 2: double steps, 8 blocks a row; docs/performance.md
 // "Double steps"). A row's nsb super-blocks go as `full` steps of 4 kPer blocks, then (kPer = 2)
 // `a4` steps of 4 (0 or 1), and the rem = nsb % 4 left over travel with the last of those (one
@@ -76,6 +86,26 @@ static_assert(StepPlan(20, 2).nq == 3 && StepPlan(20, 2).blocks(2) == 4 && StepP
               StepPlan(20, 1).nq == 5 && StepPlan(9, 1).blocks(1) == 5 &&
               StepPlan(2, 1).blocks(0) == 2);
 
+// The block's shared memory: the warps' rings (warp w's S stages at w S stage), then the
+// activation slots, one per pair (group, token) the block's passes touch: per unit g (super-block
+// sb = g / 8, position b = g % 8) the 32 quants at q + 272 sb + 32 b and {d8, half sums as two
+// 16-bit halves, -4 a0, -4 a1} at m + 144 sb + 16 b (16 bytes of padding per super-block put the
+// four classes' units on different banks); then the stage barriers, then (groups of several
+// tokens) the prefix of the groups' token counts.
+constexpr int kActQSb = 8 * 32 + 16, kActMSb = 8 * 16 + 16;
+struct Layout {
+  int slot, stage, acts, act_bytes, act_m, bar, bytes;
+  __host__ __device__ Layout(int pitch, int units, int warps, int stages, int n_act) {
+    slot = pitch;
+    stage = kPassRows * pitch;
+    acts = warps * stages * stage;
+    act_m = kActQSb * (units / 8);  // within a slot
+    act_bytes = act_m + kActMSb * (units / 8);
+    bar = acts + n_act * act_bytes;
+    bytes = bar + warps * stages * 8;
+  }
+};
+
 // True when the engine can take this launch (cuda/mmvq.cu launch() has filled row_bytes, max_n
 // and n_groups): Q2_K or Q3_K, groups of up to 8 tokens (at most 4096 groups when they hold
 // several), and a block of four warps with two stages fits in shared memory (K up to about
@@ -135,6 +165,138 @@ __host__ __device__ inline int64_t first_item(int64_t X, int64_t kTok, int64_t w
 // ((q + 1) D - 2 (1 + w0)) / D < q + 1 of those. This bounds a block's activation slots.
 __host__ __device__ constexpr int64_t max_chunks_per_block(int64_t pairs, int64_t B) {
   return pairs / B + 2;
+}
+
+// The launch's geometry: warps, stages per warp, grid and activation slots per block, chosen on
+// the host from upper bounds (every group at max_n tokens); the kernel's live ranges are within
+// them (it traps on a block whose pairs exceed n_act). Host code, here so that the host tests
+// (tests/gpu/mmvq_test.cu, run in CI without a GPU) check the choices at any multiprocessor count.
+struct Geometry {
+  int stages, n_act, bytes;
+  int64_t grid;
+  int tok;        // tokens a pass (chunk)
+  bool one_wave;  // a block per multiprocessor at most (the activation slots did not add blocks)
+  int per = 1;    // super-blocks a class a step (StepPlan)
+  int warps = 0;  // warps a block (choose())
+};
+
+// The process's settings that steer the choice (diagnostics: cuda::set_mmvq_stream_pass_shape,
+// cuda::set_mmvq_stream_step). pass_tokens: tokens a pass in launches of several-token groups (0:
+// the launch's own, MmvqParams::pass_tokens); whole_sm: those launches take a multiprocessor's
+// whole shared memory; step: super-blocks a row a step, 4 or 8, 0 the default (choose()).
+struct Settings {
+  int pass_tokens = 0;
+  bool whole_sm = false;
+  int step = 0;
+};
+
+// Groups of several tokens: the blocks' token and chunk prefixes (cuda/mmvq_sb.cu's Pairs).
+inline bool prefixed(const mmvq_tiles::MmvqParams& p) {
+  return p.form == mmvq_tiles::Form::kGroups && p.max_n > 1;
+}
+
+inline int extra_bytes(const mmvq_tiles::MmvqParams& p, int n_act) {
+  const int prefix = prefixed(p) ? static_cast<int>(8 * (p.n_groups + 1)) : 0;
+  return (4 * n_act + prefix + 15) / 16 * 16;
+}
+
+// Fits W warps on `sms` multiprocessors: the most stages up to `want` (at least 2) with which one
+// block per multiprocessor holds the activation slots of its chunks, else the fewest blocks (more
+// than one per multiprocessor) over every stage count. False: does not fit at all.
+inline bool geometry(const mmvq_tiles::MmvqParams& p, int slot, int warps, int want, int64_t sms,
+                     const Settings& set, Geometry& g) {
+  using mmvq_tiles::Form;
+  const int units = static_cast<int>(p.K / kQK8_1);
+  const int tok = !prefixed(p) ? 1 : set.pass_tokens != 0 ? set.pass_tokens : p.pass_tokens;
+  // Upper bounds of the launch's pairs (group, token) and chunks: every group at max_n tokens;
+  // the device-planned form has at most proj_stride pairs a projection (mmvq_groups_planned).
+  int64_t pairs = p.form == Form::kPlain ? p.T : p.n_groups * p.max_n;
+  if (p.form == Form::kGroups && p.dev_count != nullptr && p.n_proj * p.proj_stride < pairs)
+    pairs = p.n_proj * p.proj_stride;
+  int64_t chunks = pairs;
+  if (tok > 1 && p.n_groups * ((p.max_n + tok - 1) / tok) < chunks)
+    chunks = p.n_groups * ((p.max_n + tok - 1) / tok);
+  const int64_t passes = (p.rows + kPassRows - 1) / kPassRows;
+  const int64_t items = passes * chunks;
+  int64_t grid = (items + warps - 1) / warps;
+  grid = grid < 1 ? 1 : grid < sms ? grid : sms;
+  // A block's pairs: its chunks times tok. Split by count (one-token passes): its items over
+  // passes, plus one chunk split by the range. Split by work (several-token passes,
+  // first_item): max_chunks_per_block.
+  auto acts = [&](int64_t gg) {
+    int64_t a;
+    if (tok > 1) {
+      a = max_chunks_per_block(pairs, gg) * tok;
+    } else {
+      const int64_t ipb = (items + gg - 1) / gg;
+      a = ((ipb + passes - 1) / passes + 1) * tok;
+    }
+    return a < pairs ? a : pairs;
+  };
+  // The fewest blocks whose activation slots fit in room (each a block per multiprocessor or
+  // more), from the bounds above.
+  auto grid_for = [&](int64_t room) {
+    const int64_t c = room / tok - (tok > 1 ? 2 : 1);  // whole chunks a block may hold
+    if (c < 1) return items + 1;                       // none: does not fit
+    if (tok > 1) return (pairs + c - 1) / c;
+    return (items + c * passes - 1) / (c * passes);
+  };
+  bool found = false;
+  for (int s = want; s >= 2; --s) {
+    const Layout L0(slot, units, warps, s, 0);
+    const int per_act = L0.act_bytes + 4;
+    const int64_t room = (kSmemMax - L0.bytes - extra_bytes(p, 0) - 16) / per_act;
+    if (room < 2 * tok) continue;
+    int64_t gr = grid;
+    if (acts(gr) > room) gr = grid_for(room);
+    if (gr > items) continue;
+    if (found && gr >= g.grid) continue;
+    const int n_act = static_cast<int>(acts(gr));
+    const int bytes = Layout(slot, units, warps, s, n_act).bytes + extra_bytes(p, n_act);
+    if (bytes > kSmemMax) continue;
+    g.stages = s;
+    g.n_act = n_act;
+    g.grid = gr;
+    g.bytes = set.whole_sm && prefixed(p) ? kSmemMax : bytes;
+    g.tok = tok;
+    g.one_wave = gr <= grid;
+    found = true;
+    if (gr <= grid) break;  // one block per multiprocessor at the most stages that fit
+  }
+  return found;
+}
+
+// The launch's whole choice (cuda/mmvq_sb.cu launch()): warps (0: kDefaultWarps) and stages (0:
+// kDefaultStages) as asked, fewer warps where the rings do not fit (16, 12, 8, 4), and the step.
+// Double steps (8 super-blocks a row) halve the steps' copies and bookkeeping but double the
+// rings. The default takes them for launches of several-token groups (the layers of 2 - 32
+// tokens) where the rings fit at the shape's warps, 2 stages or more, with a block per
+// multiprocessor; not for one-token launches, which gain nothing alone and, with rings that
+// large, keep the shared expert's GEMV blocks off the multiprocessors they run beside
+// (docs/performance.md "Double steps"). Settings::step forces a form (8: where it fits at all).
+// False: K does not fit the engine's shared memory.
+inline bool choose(const mmvq_tiles::MmvqParams& p, GgmlType t, int warps, int stages, int64_t sms,
+                   const Settings& set, Geometry& g) {
+  const int nsb = static_cast<int>(p.K / kQK_K);
+  const int want = stages != 0 ? stages : kDefaultStages;
+  const int w0 = warps != 0 ? warps : kDefaultWarps;
+  int w = w0;
+  auto fit_warps = [&](int slot) {
+    bool ok;
+    while (!(ok = geometry(p, slot, w, want, sms, set, g)) && w > 4) w = w > 8 ? w - 4 : 4;
+    return ok;
+  };
+  bool fits = false;
+  if (set.step == 8 || (set.step == 0 && prefixed(p) && nsb >= 2 * kChunkSb)) {
+    const int slot2 = slot_bytes(t, nsb, 2);
+    fits =
+        set.step == 8 ? fit_warps(slot2) : geometry(p, slot2, w, want, sms, set, g) && g.one_wave;
+    if (fits) g.per = 2;
+    else w = w0;
+  }
+  if (!fits) fits = fit_warps(slot_bytes(t, nsb));
+  g.warps = w;
+  return fits;
 }
 
 // cuda::set_mmvq_stream_pass_shape (cuda/kernels.h).

@@ -429,6 +429,256 @@ TEST(MmvqStreamSplit, WorkRangesCoverEveryItemOnce_Host) {
   }
 }
 
+// The streamed engine's launch choice (cuda/mmvq_sb.cuh choose(), geometry()), on the host.
+using cuda::mmvq_sb::Geometry;
+using cuda::mmvq_sb::Settings;
+using cuda::mmvq_tiles::Form;
+using cuda::mmvq_tiles::MmvqParams;
+
+namespace sbgeo {
+
+// A launch as cuda::mmvq_groups_planned forms it for the device-routed layer
+// (cuda/moe_layer_route.cu): n_proj projections of the plan's capacity P = 6 T pairs each, the
+// MMVQ groups bounded by min(P, 384) a projection, groups of up to min(T, 8) tokens, one token a
+// pass in layers of up to 32 tokens and two above (cuda/mmvq.cu stream_pass_tokens).
+MmvqParams planned(int64_t T, int n_proj, int64_t rows, int64_t K) {
+  static const int32_t count = 0;  // never read on the host; marks the planned form
+  MmvqParams p{Form::kGroups, nullptr, nullptr, nullptr, nullptr, false, nullptr,
+               rows,          K,       0,       0,       0,       0};
+  const int64_t P = 6 * T;
+  p.dev_count = &count;
+  p.proj_stride = P;
+  p.n_proj = n_proj;
+  p.max_n = static_cast<int>(std::min<int64_t>(T, kMaxGroupRows));
+  p.n_groups = n_proj * std::min<int64_t>(P, 384);
+  p.pass_tokens = T <= 4 * kMaxGroupRows ? 1 : 2;
+  return p;
+}
+
+std::string describe(const Geometry& g) {
+  return "warps=" + std::to_string(g.warps) + " stages=" + std::to_string(g.stages) +
+         " per=" + std::to_string(g.per) + " grid=" + std::to_string(g.grid) +
+         " n_act=" + std::to_string(g.n_act) + " bytes=" + std::to_string(g.bytes) +
+         " tok=" + std::to_string(g.tok) + " one_wave=" + std::to_string(g.one_wave);
+}
+
+}  // namespace sbgeo
+
+// The ds41 layer's two streamed launches on the H200's 132 multiprocessors, at every T the
+// streamed engine takes: the T = 1 shapes ncu measured on the device (docs/performance.md
+// "Double steps", the one-token launches under ncu: gate / up 12 warps and 122.9 KB of shared
+// memory, down 16 warps and 159.3 KB: 2 stages, the down rings of 3 do not fit at 16 warps),
+// and the double-step rule: the gate / up launch of the layers of 2 - 32 tokens takes double
+// steps at 16 warps x 2 stages with a block per multiprocessor, the down launch and the T >= 33
+// gate / up launches (passes of two tokens, whose activation slots leave no room) do not.
+TEST(MmvqStreamGeometry, Ds41LayerLaunchesAtTheDefaults_Host) {
+  using cuda::mmvq_sb::choose;
+  const Settings set;
+  for (int64_t T = 1; T <= 64; ++T) {
+    const std::string at = "T=" + std::to_string(T);
+    Geometry gu, dn;
+    ASSERT_TRUE(
+        choose(sbgeo::planned(T, 2, 2304, 5120), GgmlType::kQ2K, T == 1 ? 12 : 0, 0, 132, set, gu))
+        << at;
+    ASSERT_TRUE(choose(sbgeo::planned(T, 1, 5120, 2304), GgmlType::kQ3K, 0, 0, 132, set, dn)) << at;
+    const std::string gs = at + " gate/up " + sbgeo::describe(gu),
+                      ds = at + " down " + sbgeo::describe(dn);
+    EXPECT_TRUE(gu.one_wave && gu.grid == 132) << gs;
+    EXPECT_TRUE(dn.one_wave && dn.grid == 132) << ds;
+    EXPECT_EQ(dn.warps, 16) << ds;
+    EXPECT_EQ(dn.per, 1) << ds;
+    EXPECT_EQ(dn.stages, 2) << ds;
+    EXPECT_EQ(gu.tok, T <= 32 ? 1 : 2) << gs;
+    if (T == 1) {
+      EXPECT_EQ(gu.warps, 12) << gs;
+      EXPECT_EQ(gu.stages, 3) << gs;
+      EXPECT_EQ(gu.per, 1) << gs;
+      EXPECT_EQ(gu.n_act, 2) << gs;
+      EXPECT_EQ(gu.bytes, 122928) << gs;
+      EXPECT_EQ(dn.n_act, 2) << ds;
+      EXPECT_EQ(dn.bytes, 159312) << ds;
+    } else if (T <= 32) {
+      EXPECT_EQ(gu.warps, 16) << gs;
+      EXPECT_EQ(gu.per, 2) << gs;
+      EXPECT_EQ(gu.stages, 2) << gs;
+    } else {
+      EXPECT_EQ(gu.warps, 16) << gs;
+      EXPECT_EQ(gu.per, 1) << gs;
+    }
+  }
+}
+
+// For random launches of every form (plain, one-token experts, groups with host counts, groups
+// planned on the device with live counts under their bounds), shapes, multiprocessor counts,
+// asked warps and stages and every setting: the choice fits shared memory and is the rule's, and
+// every block of the kernel's split (by count, or by work through first_item for passes of two
+// tokens) touches at most n_act pairs, which the kernel traps on (cuda/mmvq_sb.cu). The split
+// and the pairs are recomputed here from the live groups as the kernel's Pairs walks them.
+TEST(MmvqStreamGeometry, EveryBlockPairsFitItsActivationSlots_Host) {
+  using cuda::mmvq_sb::choose;
+  using cuda::mmvq_sb::kPassRows;
+  using cuda::mmvq_sb::kSmemMax;
+  using cuda::mmvq_sb::Layout;
+  using cuda::mmvq_sb::slot_bytes;
+  int checked = 0, multi_block = 0, doubled = 0, by_work = 0, fewer_warps = 0, unfit = 0;
+  for (uint64_t seed = 1; seed <= 1500; ++seed) {
+    emutest::Gen r(seed * 0x9E3779B97F4A7C15ull);
+    const int form = static_cast<int>(r.u32() % 4);  // plain, experts, groups, planned
+    const GgmlType t = r.u32() % 2 == 0 ? GgmlType::kQ2K : GgmlType::kQ3K;
+    const int64_t K = kQK_K * (1 + r.u32() % (seed % 10 == 0 ? 120 : 24)),
+                  rows = 1 + r.u32() % 3000;
+    MmvqParams p{Form::kPlain, nullptr, nullptr, nullptr, nullptr, false, nullptr,
+                 rows,         K,       0,       0,       0,       0};
+    std::vector<int32_t> n;  // live groups' token counts (kGroups)
+    static const int32_t dev_count = 0;
+    if (form == 0) {
+      p.T = 1 + r.u32() % 64;
+      p.max_n = static_cast<int>(std::min<int64_t>(p.T, kMaxGroupRows));
+      p.n_groups = (p.T + kMaxGroupRows - 1) / kMaxGroupRows;
+    } else if (form == 1) {
+      p.form = Form::kExperts;
+      p.T = 1;
+      p.max_n = 1;
+      p.n_groups = 1 + r.u32() % 64;
+    } else {
+      p.form = Form::kGroups;
+      p.max_n = 1 + static_cast<int>(r.u32() % kMaxGroupRows);
+      p.pass_tokens = 1 + static_cast<int>(r.u32() % 2);
+      if (form == 2) {
+        p.n_groups = 1 + r.u32() % 600;
+        for (int64_t g = 0; g < p.n_groups; ++g)
+          n.push_back(static_cast<int32_t>(r.u32() % (p.max_n + 1)));
+      } else {  // planned: per projection at most per_proj groups and proj_stride pairs
+        p.dev_count = &dev_count;
+        p.n_proj = 1 + static_cast<int>(r.u32() % 2);
+        p.proj_stride = 1 + r.u32() % 400;
+        const int64_t per_proj = 1 + r.u32() % std::min<int64_t>(p.proj_stride, 384);
+        p.n_groups = p.n_proj * per_proj;
+        const int64_t live = 1 + r.u32() % per_proj;
+        for (int j = 0; j < p.n_proj; ++j) {
+          int64_t left = p.proj_stride;
+          for (int64_t g = 0; g < live; ++g) {
+            int32_t v = static_cast<int32_t>(r.u32() % (p.max_n + 1));
+            if (seed % 3 == 0) v = p.max_n;  // as full as the bounds allow
+            v = static_cast<int32_t>(std::min<int64_t>(v, left));
+            left -= v;
+            n.push_back(v);
+          }
+        }
+      }
+    }
+    Settings set;
+    set.step = seed % 5 == 0 ? 4 : seed % 5 == 1 ? 8 : 0;
+    set.pass_tokens = seed % 7 == 0 ? 1 + static_cast<int>(r.u32() % 2) : 0;
+    set.whole_sm = seed % 11 == 0;
+    const int64_t sms = seed % 4 == 0 ? 1 + r.u32() % 8 : 1 + r.u32() % 200;
+    const int asked_w = static_cast<int>((r.u32() % 5) * 4), asked_s = [&] {
+      const int s = static_cast<int>(r.u32() % 8);
+      return s < 2 ? 0 : s;
+    }();
+    const std::string at =
+        "seed=" + std::to_string(seed) + " form=" + std::to_string(form) +
+        " K=" + std::to_string(K) + " rows=" + std::to_string(rows) +
+        " groups=" + std::to_string(p.n_groups) + " max_n=" + std::to_string(p.max_n) +
+        " sms=" + std::to_string(sms) + " warps=" + std::to_string(asked_w) +
+        " stages=" + std::to_string(asked_s) + " step=" + std::to_string(set.step);
+    Geometry g;
+    const bool ok = choose(p, t, asked_w, asked_s, sms, set, g);
+    ASSERT_TRUE(ok || K > 8192) << at << ": no geometry";
+    if (!ok) {
+      ++unfit;
+      continue;
+    }
+    const std::string gat = at + " -> " + sbgeo::describe(g);
+    const bool prefixed = cuda::mmvq_sb::prefixed(p);
+    const int nsb = static_cast<int>(K / kQK_K), units = static_cast<int>(K / kQK8_1);
+    const int w0 = asked_w != 0 ? asked_w : cuda::mmvq_sb::kDefaultWarps;
+    const int want = asked_s != 0 ? asked_s : cuda::mmvq_sb::kDefaultStages;
+    // The choice: its warps, stages, step and chunk as the rule says, and shared memory that fits.
+    ASSERT_TRUE(g.warps == 4 || g.warps == 8 || g.warps == 12 || g.warps == 16) << gat;
+    ASSERT_LE(g.warps, std::max(w0, 4)) << gat;
+    ASSERT_TRUE(g.stages >= 2 && g.stages <= want) << gat;
+    ASSERT_EQ(g.tok, !prefixed ? 1 : set.pass_tokens != 0 ? set.pass_tokens : p.pass_tokens) << gat;
+    if (g.per == 2)
+      ASSERT_TRUE(set.step == 8 ||
+                  (set.step == 0 && prefixed && nsb >= 8 && g.one_wave && g.warps == w0))
+          << gat;
+    if (set.step == 4 || (set.step == 0 && !prefixed)) ASSERT_EQ(g.per, 1) << gat;
+    const int need = Layout(slot_bytes(t, nsb, g.per), units, g.warps, g.stages, g.n_act).bytes +
+                     cuda::mmvq_sb::extra_bytes(p, g.n_act);
+    ASSERT_LE(need, g.bytes) << gat;
+    ASSERT_LE(g.bytes, kSmemMax) << gat;
+    ASSERT_GE(g.grid, 1) << gat;
+    if (g.one_wave) ASSERT_LE(g.grid, sms) << gat;
+    // The live launch: its chunks (with the prefixes the kernel builds) and the blocks' ranges.
+    const int64_t G = p.form == Form::kGroups ? static_cast<int64_t>(n.size()) : 0;
+    std::vector<int32_t> pre(static_cast<size_t>(G + 1), 0), cpre(static_cast<size_t>(G + 1), 0);
+    for (int64_t i = 0; i < G; ++i) {
+      pre[i + 1] = pre[i] + n[i];
+      cpre[i + 1] = cpre[i] + (n[i] + g.tok - 1) / g.tok;
+    }
+    const int64_t chunks = p.form == Form::kPlain     ? p.T
+                           : p.form == Form::kExperts ? p.n_groups
+                           : prefixed                 ? cpre[G]
+                                                      : G;
+    const int64_t passes = (rows + kPassRows - 1) / kPassRows, total = passes * chunks;
+    // A chunk's first pair and its token count (cuda/mmvq_sb.cu Pairs::chunk).
+    auto pair_of = [&](int64_t ci, int64_t& pi, int& nt) {
+      if (!prefixed) {
+        pi = ci;
+        nt = 1;
+        return;
+      }
+      const int64_t gi =
+          std::upper_bound(cpre.begin(), cpre.end(), static_cast<int32_t>(ci)) - cpre.begin() - 1;
+      const int tok0 = g.tok * static_cast<int>(ci - cpre[gi]);
+      nt = std::min(g.tok, n[gi] - tok0);
+      pi = pre[gi] + tok0;
+    };
+    const bool work = prefixed && g.tok > 1;
+    const int64_t w0p = cuda::mmvq_sb::pass_weight(t);
+    const int64_t W = work ? passes * (pre[G] + w0p * cpre[G]) : 0;
+    int64_t prev = 0;
+    for (int64_t b = 0; b < g.grid; ++b) {
+      int64_t b0 = total * b / g.grid, b1 = total * (b + 1) / g.grid;
+      if (work) {
+        b0 = cuda::mmvq_sb::first_item(W * b / g.grid, g.tok, w0p, G, pre.data(), cpre.data(),
+                                       passes);
+        b1 = cuda::mmvq_sb::first_item(W * (b + 1) / g.grid, g.tok, w0p, G, pre.data(), cpre.data(),
+                                       passes);
+      }
+      ASSERT_EQ(b0, prev) << gat << " block " << b;
+      prev = b1;
+      if (b1 <= b0) continue;
+      int64_t pi0, pi1;
+      int nt0, nt1;
+      pair_of(b0 / passes, pi0, nt0);
+      pair_of((b1 - 1) / passes, pi1, nt1);
+      const int64_t np = pi1 + nt1 - pi0;
+      ASSERT_LE(np, g.n_act) << gat << " block " << b << " [" << b0 << ", " << b1
+                             << "): the kernel would trap";
+    }
+    ASSERT_EQ(prev, total) << gat;
+    ++checked;
+    multi_block += g.one_wave ? 0 : 1;
+    doubled += g.per == 2 ? 1 : 0;
+    by_work += work ? 1 : 0;
+    fewer_warps += g.warps < w0 ? 1 : 0;
+  }
+  // The draw reaches every branch: grids above a block per multiprocessor, double steps, the
+  // split by work, fewer warps than asked (long rows), rows too long for the engine.
+  EXPECT_GT(checked, 1200);
+  EXPECT_GT(multi_block, 20);
+  EXPECT_GT(doubled, 50);
+  EXPECT_GT(by_work, 100);
+  EXPECT_GT(fewer_warps, 10);
+  EXPECT_GT(unfit, 0);
+  std::printf(
+      "checked %d launches: %d over a block per multiprocessor, %d double steps, %d split "
+      "by work, %d at fewer warps than asked; %d did not fit\n",
+      checked, multi_block, doubled, by_work, fewer_warps, unfit);
+}
+
 TEST(MmvqPreconditions, BadWarpsTypeAndShapeThrowBeforeLaunch) {
   MOECHECK_REQUIRE_GPU();
   DevArray<uint8_t> w(4096);
