@@ -150,6 +150,9 @@ void set_mmvq_stream_layer_tokens(int64_t n, GgmlType t);
 // kernel's block runs beside one of theirs. For benchmarks and tests; no bit depends on either.
 // Process-wide, not thread-safe.
 void set_mmvq_stream_pass_shape(int pass_tokens, bool whole_sm);
+// The streamed engine's tokens a pass for the groups launches of a layer of layer_tokens tokens
+// when set_mmvq_stream_pass_shape has not forced one: 1 up to 32 tokens, else 2.
+int mmvq_stream_pass_tokens(int64_t layer_tokens);
 // The streamed engine's super-blocks a row a step: 4 (a block a class), 8 (two a class: half the
 // steps, each step's copies and bookkeeping paid once for twice the arithmetic, in rings twice the
 // size), or 0, the default: 8 for launches of several-token groups where those rings fit at the

@@ -55,15 +55,6 @@ bool streamed_layer(GgmlType t, int64_t layer_tokens) {
   return layer_tokens <= g_stream_layer_tokens[t == GgmlType::kQ2K ? 0 : 1];
 }
 
-// The streamed engine's tokens a pass for groups launches (docs/performance.md, "The streamed
-// engine for the batched layers' MMVQ groups"): one in layers of up to 32 tokens, whose groups
-// mostly hold one and where the one-token pass's lighter code wins (ds41: 0.51 against 0.57 ms
-// at T = 16, 0.93 against 0.96 at T = 32); two above (1.63 against 1.75 ms at T = 64), and
-// where the layer's size is not known.
-int stream_pass_tokens(int64_t layer_tokens) {
-  return layer_tokens >= 1 && layer_tokens <= 4 * kMaxGroupRows ? 1 : 2;
-}
-
 using namespace mmvq_tiles;
 using namespace mmvq_units;
 using namespace mmvq_rows;
@@ -411,6 +402,14 @@ void set_mmvq_stream_layer_tokens(int64_t n, GgmlType t) {
   g_stream_layer_tokens[i] = n == 0 ? kDefaultStreamLayerTokens[i] : n;
 }
 
+// One in layers of up to 32 tokens, whose groups mostly hold one and where the one-token pass's
+// lighter code wins (ds41: 0.51 against 0.57 ms at T = 16, 0.93 against 0.96 at T = 32); two
+// above (1.63 against 1.75 ms at T = 64), and where the layer's size is not known
+// (docs/performance.md, "The streamed engine for the batched layers' MMVQ groups").
+int mmvq_stream_pass_tokens(int64_t layer_tokens) {
+  return layer_tokens >= 1 && layer_tokens <= 4 * kMaxGroupRows ? 1 : 2;
+}
+
 void set_mmvq_stream_pass_shape(int pass_tokens, bool whole_sm) {
   mmvq_sb::set_pass_shape(pass_tokens, whole_sm);
 }
@@ -456,7 +455,7 @@ void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* group
     require_aligned(groups, 4, "mmvq_groups", "groups");
   }
   MmvqParams p{Form::kGroups, nullptr, slots, groups, a, false, y, rows, K, 0, 0, 0, 0};
-  p.pass_tokens = stream_pass_tokens(layer_tokens);
+  p.pass_tokens = mmvq_stream_pass_tokens(layer_tokens);
   launch(p, t, n_groups, max_n, warps, "mmvq_groups", stream, streamed_layer(t, layer_tokens));
 }
 
@@ -482,7 +481,7 @@ void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGrou
   p.proj_stride = proj_stride;
   p.n_proj = n_proj;
   p.sb_warps = stream_warps;
-  p.pass_tokens = stream_pass_tokens(layer_tokens);
+  p.pass_tokens = mmvq_stream_pass_tokens(layer_tokens);
   if (warm != nullptr && warm_bytes > 0) {
     const uintptr_t w0 = reinterpret_cast<uintptr_t>(warm) & ~uintptr_t{127};
     const uintptr_t w1 = reinterpret_cast<uintptr_t>(warm) + static_cast<uintptr_t>(warm_bytes);

@@ -487,13 +487,11 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   const Pairs<kTok> pairs{p, pre, cpre, G};
   const int passes = static_cast<int>((p.rows + kPassRows - 1) / kPassRows);
   const int64_t total = passes * pairs.chunks();
-  int64_t b0 = total * blockIdx.x / gridDim.x, b1 = total * (blockIdx.x + 1) / gridDim.x;
-  if constexpr (kPrefix && kTok > 1) {  // several-token chunks: split by work (first_item)
-    constexpr int64_t w0 = pass_weight(kType);
-    const int64_t W = passes * (pre[G] + w0 * cpre[G]);
-    b0 = first_item(W * blockIdx.x / gridDim.x, kTok, w0, G, pre, cpre, passes);
-    b1 = first_item(W * (blockIdx.x + 1) / gridDim.x, kTok, w0, G, pre, cpre, passes);
-  }
+  ItemRange range = block_items(blockIdx.x, gridDim.x, total);
+  if constexpr (kPrefix && kTok > 1)  // several-token chunks: split by work (first_item)
+    range =
+        block_items_by_work(blockIdx.x, gridDim.x, kTok, pass_weight(kType), G, pre, cpre, passes);
+  const int64_t b0 = range.b0, b1 = range.b1;
   if (b1 <= b0) {  // block-uniform: no pass here
     pdl::wait();
     return;

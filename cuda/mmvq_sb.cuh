@@ -12,7 +12,8 @@
 
 namespace moecheck::cuda::mmvq_sb {
 
-// A pass's steps and a row's slot in a stage (shared with the host tests, tests/gpu/mmvq_test.cu).
+// A pass's steps and a row's slot in a stage (shared with the host tests,
+// tests/gpu/mmvq_sb_host_test.cu).
 constexpr int kChunkSb = 4;  // super-blocks of a row in a step of one a class (sb % 4)
 
 // The engine's shapes (cuda/mmvq_sb.cu's kernel, the launch's geometry below and the host tests).
@@ -156,6 +157,24 @@ __host__ __device__ inline int64_t first_item(int64_t X, int64_t kTok, int64_t w
   return (cpre[lo] + j) * passes + pass;   // pass == passes: the next chunk's first item
 }
 
+// Block b of B's items [b0, b1): by count (one-token passes: every pass weighs the same), or by
+// work through first_item (passes of several tokens), the total work W = passes (pre[G] +
+// w0 cpre[G]). The kernel and the host tests take their ranges from here.
+struct ItemRange {
+  int64_t b0, b1;
+};
+// b and B as blockIdx.x and gridDim.x are (unsigned; b + 1 is formed before the widening).
+__host__ __device__ inline ItemRange block_items(uint32_t b, uint32_t B, int64_t total) {
+  return {total * b / B, total * (b + 1) / B};
+}
+__host__ __device__ inline ItemRange block_items_by_work(uint32_t b, uint32_t B, int64_t kTok,
+                                                         int64_t w0, int64_t G, const int32_t* pre,
+                                                         const int32_t* cpre, int64_t passes) {
+  const int64_t W = passes * (pre[G] + w0 * cpre[G]);
+  return {first_item(W * b / B, kTok, w0, G, pre, cpre, passes),
+          first_item(W * (b + 1) / B, kTok, w0, G, pre, cpre, passes)};
+}
+
 // The most chunks a block's range under first_item can touch, for a launch of at most `pairs`
 // pairs (group, token) and B blocks: pairs / B + 2. With D = passes (1 + w0), the lightest a
 // chunk can weigh (a chunk holds a token or more), the total work is at most D pairs, so a
@@ -170,7 +189,8 @@ __host__ __device__ constexpr int64_t max_chunks_per_block(int64_t pairs, int64_
 // The launch's geometry: warps, stages per warp, grid and activation slots per block, chosen on
 // the host from upper bounds (every group at max_n tokens); the kernel's live ranges are within
 // them (it traps on a block whose pairs exceed n_act). Host code, here so that the host tests
-// (tests/gpu/mmvq_test.cu, run in CI without a GPU) check the choices at any multiprocessor count.
+// (tests/gpu/mmvq_sb_host_test.cu, run in CI without a GPU) check the choices at any multiprocessor
+// count.
 struct Geometry {
   int stages, n_act, bytes;
   int64_t grid;

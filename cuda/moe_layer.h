@@ -97,6 +97,12 @@ struct LayerOptions {
   int prefetch_k = 0;
 };
 
+// The warps the device route asks of the streamed engine for the gate / up launch of a forward
+// of T tokens (LayerOptions::gate_up_stream_warps; 0: the engine's default).
+inline int gate_up_stream_warps(const LayerOptions& o, int64_t T) {
+  return o.gate_up_stream_warps != 0 ? o.gate_up_stream_warps : T == 1 ? 12 : 0;
+}
+
 // The fork point LayerOptions gives a forward of T tokens (the shared_fork_* fields above).
 inline SharedFork shared_fork_at(const LayerOptions& o, int64_t T) {
   if (T <= o.shared_fork_max_tokens) return o.shared_fork_small;

@@ -125,7 +125,7 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
   // the streamed MMVQ's blocks as they start (mmvq_groups_planned's warm range).
   // The gate / up launch's warps (LayerOptions::gate_up_stream_warps; 0: 12 at one token, where a
   // shared GEMV block then fits beside each MMVQ block, else the engine's 16).
-  const int gu_warps = o.gate_up_stream_warps != 0 ? o.gate_up_stream_warps : T == 1 ? 12 : 0;
+  const int gu_warps = gate_up_stream_warps(o, T);
   const uint8_t* warm = o.prefetch_plan ? dplan.as<uint8_t>() : nullptr;
   const auto warm_bytes = static_cast<int64_t>(o.prefetch_plan ? D.scratch : 0);
   // MMVQ over the Gs groups counts[3] of each projection, MMQ over [Gs, G) (counts[1]). The
