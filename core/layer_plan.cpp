@@ -38,17 +38,27 @@ void number_pairs(const Routing& r, int64_t n_routed, LayerPlan& p,
   }
 }
 
+// The part of the groups list an expert with cnt pairs goes to: 0 its one MMVQ group
+// (cnt <= mmvq_max_rows), 1 its MMQ groups when they are an even number, 2 when odd.
+int group_part(int64_t cnt, int mmvq_max_rows) {
+  if (cnt <= mmvq_max_rows) return 0;
+  return ((cnt + kMaxGroupRows - 1) / kMaxGroupRows) % 2 == 0 ? 1 : 2;
+}
+
 // Groups of at most kMaxGroupRows consecutive pair rows of one expert, per projection: first
 // the MMVQ groups (experts with at most mmvq_max_rows pairs, one group each), then the MMQ groups
-// (the other experts), each part in ascending expert id.
+// of the experts with an even number of them, then those of the experts with an odd number, each
+// part in ascending expert id. So every even run starts at an even position of the MMQ range
+// and pairs whole (positions 2 j, 2 j + 1: MMQ's pair items), and each odd run leaves one group
+// unpaired, the least any order can (core/layer_plan.h).
 void make_groups(LayerPlan& p, int mmvq_max_rows) {
   const int64_t U = p.n_experts(), P = p.pairs();
   std::vector<MmvqGroup> gate, up, down;
-  for (int pass = 0; pass < 2; ++pass) {
+  for (int pass = 0; pass < 3; ++pass) {
     for (int64_t u = 0; u < U; ++u) {
       const int64_t first = p.first_pair[static_cast<size_t>(u)];
       const int64_t end = u + 1 < U ? p.first_pair[static_cast<size_t>(u + 1)] : P;
-      if ((end - first <= mmvq_max_rows) != (pass == 0)) continue;
+      if (group_part(end - first, mmvq_max_rows) != pass) continue;
       for (int64_t s0 = first; s0 < end; s0 += kMaxGroupRows) {
         MmvqGroup g, q, d;
         g.slot = static_cast<int32_t>(u);

@@ -55,8 +55,11 @@ struct LayerPlan {
 // The plan of a routing (`r.ids` [T, topk], picks in any order). Throws InputError naming the
 // token when an id is outside [0, n_routed) or a token picks an expert twice. Each projection's
 // groups hold first the MMVQ groups (the experts with at most mmvq_max_rows pairs: one group
-// each, ascending expert id), then the MMQ groups (the other experts, ascending id, groups of 8
-// consecutive pair rows, the last ragged). No bit depends on the split (numerics.md "mmvq").
+// each, ascending expert id), then the MMQ groups (the other experts, groups of 8 consecutive
+// pair rows, the last ragged): first the experts with an even number of groups, then those with
+// an odd number, each in ascending id. MMQ pairs the groups at positions 2 j, 2 j + 1 of its
+// range that share a slot; in this order every expert's groups pair but the last of an odd
+// number. No bit depends on the split or the order (numerics.md "mmvq", "Layer plan").
 LayerPlan build_layer_plan(const Routing& r, int64_t n_routed, int mmvq_max_rows = kMaxGroupRows);
 
 // The slot table of a plan: 3U matrix base pointers (gate, up, down of each used expert), expert

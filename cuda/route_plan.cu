@@ -145,59 +145,90 @@ __device__ void expert_groups(const PlanArgs& a, const PlanView& v, int e, int c
   }
 }
 
-// Groups of an expert with cnt pairs: one MMVQ group (cnt <= mmvq_max_rows) or its MMQ groups.
-__device__ __forceinline__ int4 expert_counts(int cnt, int mmvq_max_rows) {
-  const int small = cnt > 0 && cnt <= mmvq_max_rows ? 1 : 0;
-  return make_int4(cnt, cnt > 0 ? 1 : 0, small,
-                   small ? 0 : (cnt + kMaxGroupRows - 1) / kMaxGroupRows);
+// An expert's terms in the scan: its pairs, whether it is used, its MMVQ group (0 or 1), and its
+// MMQ groups, counted in `even` when they are an even number and in `odd` otherwise (the plan's
+// parts: core/layer_plan.cpp group_part).
+struct ExpertCounts {
+  int pairs, used, small, even, odd;  // plain: the block's warp sums sit in __shared__
+};
+
+__device__ __forceinline__ ExpertCounts expert_counts(int cnt, int mmvq_max_rows) {
+  ExpertCounts c{};
+  c.pairs = cnt;
+  c.used = cnt > 0 ? 1 : 0;
+  c.small = cnt > 0 && cnt <= mmvq_max_rows ? 1 : 0;
+  const int g = cnt > 0 && c.small == 0 ? (cnt + kMaxGroupRows - 1) / kMaxGroupRows : 0;
+  (g % 2 == 0 ? c.even : c.odd) = g;
+  return c;
 }
 
-__device__ __forceinline__ int4 add4(int4 a, int4 b) {
-  return make_int4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+__device__ __forceinline__ ExpertCounts add(ExpertCounts a, const ExpertCounts& b) {
+  a.pairs += b.pairs;
+  a.used += b.used;
+  a.small += b.small;
+  a.even += b.even;
+  a.odd += b.odd;
+  return a;
+}
+
+__device__ __forceinline__ ExpertCounts shfl_up(const ExpertCounts& a, int o) {
+  ExpertCounts u{};
+  u.pairs = __shfl_up_sync(0xFFFFFFFFu, a.pairs, o);
+  u.used = __shfl_up_sync(0xFFFFFFFFu, a.used, o);
+  u.small = __shfl_up_sync(0xFFFFFFFFu, a.small, o);
+  u.even = __shfl_up_sync(0xFFFFFFFFu, a.even, o);
+  u.odd = __shfl_up_sync(0xFFFFFFFFu, a.odd, o);
+  return u;
 }
 
 // Pair rows and groups in ascending expert id: each thread takes a contiguous run of experts,
-// the block scans the runs' (pairs, used experts, MMVQ groups, MMQ groups) exclusively
-// (integers: exact), then each thread writes its run's first pair row, used-expert index and
-// first group (MMVQ groups first, then MMQ groups: core/layer_plan.h). Thread blockDim - 1
-// writes the totals: counts {2G, G, U, Gs} and *U_out. Ends synchronised.
+// the block scans the runs' ExpertCounts exclusively (integers: exact), then each thread writes
+// its run's first pair row, used-expert index and first group: the MMVQ groups first, then the
+// MMQ groups of the experts with an even number of them, then the others' (core/layer_plan.h),
+// each part in ascending id. Thread blockDim - 1 writes the totals: counts {2G, G, U, Gs} and
+// *U_out. Ends synchronised.
 __device__ void scan_experts(int n, int mmvq_max_rows, const int* cnt, int* first, int* uidx,
                              int* gfirst, int32_t* counts, int* U_out) {
-  __shared__ int4 warp_sum[kPlanThreads / kWarpSize];
+  __shared__ ExpertCounts warp_sum[kPlanThreads / kWarpSize];
   const int per = (n + kPlanThreads - 1) / kPlanThreads;
   const int e0 = static_cast<int>(threadIdx.x) * per, e1 = min(e0 + per, n);
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  int4 v = make_int4(0, 0, 0, 0);
-  for (int e = e0; e < e1; ++e) v = add4(v, expert_counts(cnt[e], mmvq_max_rows));
-  int4 inc = v;  // inclusive scan over the warp
+  ExpertCounts v{};
+  for (int e = e0; e < e1; ++e) v = add(v, expert_counts(cnt[e], mmvq_max_rows));
+  ExpertCounts inc = v;  // inclusive scan over the warp
   for (int o = 1; o < kWarpSize; o *= 2) {
-    const int4 u =
-        make_int4(__shfl_up_sync(0xFFFFFFFFu, inc.x, o), __shfl_up_sync(0xFFFFFFFFu, inc.y, o),
-                  __shfl_up_sync(0xFFFFFFFFu, inc.z, o), __shfl_up_sync(0xFFFFFFFFu, inc.w, o));
-    if (lane >= o) inc = add4(inc, u);
+    const ExpertCounts u = shfl_up(inc, o);
+    if (lane >= o) inc = add(inc, u);
   }
   if (lane == kWarpSize - 1) warp_sum[warp] = inc;
   __syncthreads();
-  int4 base = make_int4(inc.x - v.x, inc.y - v.y, inc.z - v.z, inc.w - v.w);
-  int gs = 0;  // the MMVQ groups of all experts
+  ExpertCounts base{};  // exclusive: inc - v
+  base.pairs = inc.pairs - v.pairs;
+  base.used = inc.used - v.used;
+  base.small = inc.small - v.small;
+  base.even = inc.even - v.even;
+  base.odd = inc.odd - v.odd;
+  int gs = 0, ge = 0;  // all experts' MMVQ groups, and the MMQ groups of the even part
   for (int w = 0; w < kPlanThreads / kWarpSize; ++w) {
-    if (w < warp) base = add4(base, warp_sum[w]);
-    gs += warp_sum[w].z;
+    if (w < warp) base = add(base, warp_sum[w]);
+    gs += warp_sum[w].small;
+    ge += warp_sum[w].even;
   }
   for (int e = e0; e < e1; ++e) {
-    const int4 c = expert_counts(cnt[e], mmvq_max_rows);
-    first[e] = base.x;
-    uidx[e] = cnt[e] > 0 ? base.y : -1;
-    gfirst[e] = c.z != 0 ? base.z : gs + base.w;
-    base = add4(base, c);
+    const ExpertCounts c = expert_counts(cnt[e], mmvq_max_rows);
+    first[e] = base.pairs;
+    uidx[e] = cnt[e] > 0 ? base.used : -1;
+    gfirst[e] = c.small != 0 ? base.small : c.odd != 0 ? gs + ge + base.odd : gs + base.even;
+    base = add(base, c);
   }
   if (threadIdx.x == kPlanThreads - 1) {
-    counts[0] = 2 * (base.z + base.w);
-    counts[1] = base.z + base.w;
-    counts[2] = base.y;
-    counts[3] = base.z;
-    *U_out = base.y;
+    const int G = base.small + base.even + base.odd;
+    counts[0] = 2 * G;
+    counts[1] = G;
+    counts[2] = base.used;
+    counts[3] = base.small;
+    *U_out = base.used;
   }
   __syncthreads();
 }

@@ -38,6 +38,14 @@ Routing random_routing(emutest::Gen& g, int64_t T, int64_t K, int64_t E, int64_t
   return r;
 }
 
+// The plan's part of used expert u: 0 MMVQ, 1 an even number of MMQ groups, 2 an odd number.
+int plan_part(const LayerPlan& p, int64_t u, int mmvq_max_rows) {
+  const int64_t P = p.pairs(), U = p.n_experts();
+  const int64_t c = (u + 1 < U ? p.first_pair[u + 1] : P) - p.first_pair[u];
+  if (c <= mmvq_max_rows) return 0;
+  return (c + kMaxGroupRows - 1) / kMaxGroupRows % 2 == 0 ? 1 : 2;
+}
+
 // Every property of the plan, restated plainly.
 void expect_plan_rules(const Routing& r, int64_t E, const LayerPlan& p,
                        int mmvq_max_rows = kMaxGroupRows) {
@@ -67,13 +75,19 @@ void expect_plan_rules(const Routing& r, int64_t E, const LayerPlan& p,
     ASSERT_TRUE(g.n >= 1 && g.n <= kMaxGroupRows);
     ASSERT_EQ(up.slot, U + g.slot);
     ASSERT_EQ(d.slot, 2 * U + g.slot);
-    // MMVQ groups first (experts with at most mmvq_max_rows pairs, one group each), then MMQ
-    // groups; each part in ascending expert id.
+    // MMVQ groups first (experts with at most mmvq_max_rows pairs, one group each), then the
+    // MMQ groups of the experts with an even number of them, then the odd; each part in
+    // ascending expert id.
     const int64_t cnt = (g.slot + 1 < U ? p.first_pair[g.slot + 1] : P) - p.first_pair[g.slot];
     ASSERT_EQ(i < p.n_mmvq_groups, cnt <= mmvq_max_rows)
         << "group " << i << ", " << cnt << " pairs";
-    if (i > 0 && i != p.n_mmvq_groups) {
-      ASSERT_GE(g.slot, p.gate_groups()[i - 1].slot) << "group " << i << " out of expert order";
+    const int part = plan_part(p, g.slot, mmvq_max_rows);
+    if (i > 0) {
+      const int32_t prev = p.gate_groups()[i - 1].slot;
+      const int prev_part = plan_part(p, prev, mmvq_max_rows);
+      ASSERT_TRUE(prev_part < part || (prev_part == part && prev <= g.slot))
+          << "group " << i << " (expert slot " << g.slot << ", part " << part
+          << ") after expert slot " << prev << " (part " << prev_part << ")";
     }
     if (i < p.n_mmvq_groups) max_n = std::max(max_n, g.n);
     for (int j = 0; j < g.n; ++j) {
@@ -94,6 +108,17 @@ void expect_plan_rules(const Routing& r, int64_t E, const LayerPlan& p,
   }
   for (int64_t i = 0; i < P; ++i) ASSERT_EQ(seen[i], 1) << "pair " << i;
   ASSERT_EQ(p.max_group_rows, max_n);
+  // What the MMQ order is for: the positions 2 j, 2 j + 1 of the MMQ range that share a slot
+  // (MMQ's pair items) are every expert's groups two by two, all but the last of an odd number.
+  const MmvqGroup* mq = p.gate_groups() + p.n_mmvq_groups;
+  const int64_t nq = n - p.n_mmvq_groups;
+  int64_t paired = 0, best = 0;
+  for (int64_t j = 0; j + 1 < nq; j += 2) paired += mq[j].slot == mq[j + 1].slot;
+  for (int64_t u = 0; u < U; ++u) {
+    const int64_t c = (u + 1 < U ? p.first_pair[u + 1] : P) - p.first_pair[u];
+    if (c > mmvq_max_rows) best += (c + kMaxGroupRows - 1) / kMaxGroupRows / 2;
+  }
+  ASSERT_EQ(paired, best) << "MMQ pair items, of " << nq << " MMQ groups";
   // Accumulation: token t's pair rows in ascending expert id, with their weights.
   for (int64_t t = 0; t < T; ++t) {
     int32_t last = -1;
@@ -161,6 +186,29 @@ TEST(LayerPlan, MmvqGroupsFirstThenMmq_AndBadSplitThrows) {
   EXPECT_EQ(all_mmq.n_mmvq_groups, 0);
   expect_plan_rules(r, 4, all_mmq, 0);
   for (int bad : {-1, 9}) EXPECT_THROW(build_layer_plan(r, 4, bad), InputError) << bad;
+}
+
+TEST(LayerPlan, MmqExpertsWithEvenGroupCountsFirst_SoTheirGroupsPair) {
+  // Tokens 0 - 2 pick {0, 1, 2}, 3 - 11 {0, 1, 3}, 12 {0, 3, 2}, 13 - 19 {0, 3, 4}: expert 0
+  // has 20 pairs (3 MMQ groups), 1 has 12 (2), 2 has 4 (MMVQ), 3 has 17 (3), 4 has 7 (MMVQ). In
+  // ascending id the MMQ groups would be 0 0 0 1 1 3 3 3, whose positions (2, 3) and (4, 5) mix
+  // experts: 4 single groups. Even counts first gives 1 1 0 0 0 3 3 3: 2 single groups, one a
+  // run of 3, the least any order leaves.
+  Routing r;
+  r.tokens = 20;
+  r.topk = 3;
+  for (int32_t t = 0; t < 20; ++t) {
+    if (t < 12) r.ids.insert(r.ids.end(), {0, 1, t < 3 ? 2 : 3});
+    else r.ids.insert(r.ids.end(), {0, 3, t < 13 ? 2 : 4});
+  }
+  r.weights.assign(r.ids.size(), 0.5f);
+  const LayerPlan p = build_layer_plan(r, 5);
+  ASSERT_EQ(p.experts, std::vector<int32_t>({0, 1, 2, 3, 4}));
+  ASSERT_EQ(p.n_mmvq_groups, 2);  // experts 2 and 4
+  std::vector<int32_t> slots;
+  for (int64_t i = 0; i < p.n_proj_groups; ++i) slots.push_back(p.gate_groups()[i].slot);
+  EXPECT_EQ(slots, std::vector<int32_t>({2, 4, 1, 1, 0, 0, 0, 3, 3, 3}));
+  expect_plan_rules(r, 5, p);
 }
 
 TEST(LayerPlan, SlotsAndFoldedTaps) {
