@@ -297,6 +297,7 @@ inline bool geometry(const mmvq_tiles::MmvqParams& p, int slot, int warps, int w
 // False: K does not fit the engine's shared memory.
 inline bool choose(const mmvq_tiles::MmvqParams& p, GgmlType t, int warps, int stages, int64_t sms,
                    const Settings& set, Geometry& g) {
+  g = Geometry{};  // every field the choice's own (per keeps its default where no branch sets it)
   const int nsb = static_cast<int>(p.K / kQK_K);
   const int want = stages != 0 ? stages : kDefaultStages;
   const int w0 = warps != 0 ? warps : kDefaultWarps;

@@ -215,6 +215,24 @@ TEST(MmvqStreamGeometry, Ds41LayerLaunchesAtTheDefaults_Host) {
   }
 }
 
+// choose() sets every field of the Geometry it is given: one reused for a launch of double steps
+// and then for a one-token launch gives the one-token launch's steps of one a class.
+TEST(MmvqStreamGeometry, ChoiceSetsEveryField_Host) {
+  using cuda::mmvq_sb::choose;
+  const Settings set;
+  const cuda::LayerOptions lo;
+  Geometry reused, fresh;
+  ASSERT_TRUE(choose(sbgeo::planned(8, 2, 2304, 5120), GgmlType::kQ2K,
+                     cuda::gate_up_stream_warps(lo, 8), 0, 132, set, reused));
+  ASSERT_EQ(reused.per, 2) << sbgeo::describe(reused);
+  ASSERT_TRUE(choose(sbgeo::planned(1, 2, 2304, 5120), GgmlType::kQ2K,
+                     cuda::gate_up_stream_warps(lo, 1), 0, 132, set, reused));
+  ASSERT_TRUE(choose(sbgeo::planned(1, 2, 2304, 5120), GgmlType::kQ2K,
+                     cuda::gate_up_stream_warps(lo, 1), 0, 132, set, fresh));
+  EXPECT_EQ(sbgeo::describe(reused), sbgeo::describe(fresh));
+  EXPECT_EQ(reused.per, 1) << sbgeo::describe(reused);
+}
+
 // For random launches of every form (plain, one-token experts, groups with host counts, groups
 // planned on the device with live counts under their bounds), shapes, multiprocessor counts,
 // asked warps and stages and every setting: the choice fits shared memory and is the rule's, and
