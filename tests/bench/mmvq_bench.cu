@@ -6,8 +6,10 @@
 // and write nothing, and are labelled as such in the table (the copy pipeline's own rate). Each
 // result is weight bytes / kernel time against the device-to-device copy bandwidth measured first
 // in this process. Weights rotate among sets whose total is several times L2, so no launch finds
-// its weights cached; launches are replayed from a CUDA graph (launch gaps out). Markdown table
-// last.
+// its weights cached; launches are replayed from a CUDA graph (launch gaps out). Size-matched
+// baselines: the same bytes moved by a graph-replayed memcpy and read by a plain read kernel
+// (checked first), each with its fixed cost and per-matrix rate fitted like the MMVQ launches'.
+// Markdown table last.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -65,6 +67,53 @@ const Engine kEngines[] = {
     {"tensor cores, cp.async, 6 stages", cuda::MmvqEngine::kTensorCore, 8, 6, 1, false},
     {"diagnostic: bulk copies alone, 4 stages", cuda::MmvqEngine::kTensorCore, 8, 4, 2, true},
     {"diagnostic: cp.async alone, 4 stages", cuda::MmvqEngine::kTensorCore, 8, 4, 3, true}};
+
+// Every 16-byte word of p[0, n) loaded once and xor-folded; each block stores its fold in
+// sink[blockIdx.x] (so the host can check the kernel read every byte, and the loads stay). The
+// one-token MMVQ launches' size-matched read: the bytes without the arithmetic.
+__global__ void __launch_bounds__(512)
+    read_words_kernel(const uint4* p, int64_t n, uint32_t* sink) {
+  __shared__ uint32_t fold[16];
+  uint32_t acc = 0;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {  // four loads in flight a thread
+    uint4 v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = __ldg(p + i + k * stride);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 v = __ldg(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  for (int o = 16; o > 0; o /= 2) acc ^= __shfl_xor_sync(0xFFFFFFFFu, acc, o);
+  if (threadIdx.x % 32 == 0) fold[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t b = 0;
+    for (unsigned w = 0; w < blockDim.x / 32; ++w) b ^= fold[w];
+    sink[blockIdx.x] = b;
+  }
+}
+
+// time = fixed + slope * m by least squares over the sweep's (m, us).
+void fit_line(const std::vector<double>& xs, const std::vector<double>& ys, double& fixed,
+              double& slope) {
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    mx += xs[i] / static_cast<double>(xs.size());
+    my += ys[i] / static_cast<double>(ys.size());
+  }
+  double sxy = 0, sxx = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    sxy += (xs[i] - mx) * (ys[i] - my);
+    sxx += (xs[i] - mx) * (xs[i] - mx);
+  }
+  slope = sxy / sxx;
+  fixed = my - slope * mx;
+}
 
 }  // namespace
 
@@ -200,17 +249,8 @@ int main() {
         ys.push_back(us);
         std::printf("fixed-cost sweep (%s): %s, %d matrices: %.2f us\n", en, what, m, us);
       }
-      double mx = 0, my = 0;
-      for (size_t i = 0; i < xs.size(); ++i) {
-        mx += xs[i] / xs.size();
-        my += ys[i] / ys.size();
-      }
-      double sxy = 0, sxx = 0;
-      for (size_t i = 0; i < xs.size(); ++i) {
-        sxy += (xs[i] - mx) * (ys[i] - my);
-        sxx += (xs[i] - mx) * (xs[i] - mx);
-      }
-      const double slope = sxy / sxx, fixed = my - slope * mx;
+      double fixed = 0, slope = 0;
+      fit_line(xs, ys, fixed, slope);
       std::printf(
           "fixed-cost fit (%s): %s: fixed %.2f us, %.3f us per matrix (%.0f GB/s = %.0f%% of "
           "copy per matrix)\n",
@@ -249,6 +289,104 @@ int main() {
     cuda::set_mmvq_blocks_per_sm(0);
   }
   cuda::set_mmvq_engine(cuda::MmvqEngine::kStreamed);
+  // Size-matched baselines of the one-token launches: the bytes of m gate-shaped (m = 2 .. 12)
+  // or down (1 .. 6) matrices, rotating over the sets as the launches do, moved by a
+  // graph-replayed cudaMemcpyAsync (read and written: traffic twice the bytes) and read by
+  // read_words_kernel (sms x 4 blocks of 512 threads), each first checked (the copy's bytes, the
+  // read's xor-fold against the host's), then fitted fixed + per matrix as above. The read at 12
+  // gate matrices is what one launch takes to read the gate+up bytes with no arithmetic: the part
+  // of "75 % of copy" a launch of this size can reach at all.
+  {
+    int sms = 0, dev = 0;
+    MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
+    MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int grid = 4 * sms;
+    uint8_t* dst = nullptr;
+    uint32_t* sink = nullptr;
+    MOECHECK_CUDA_CHECK(cudaMalloc(&dst, 2 * nsel * gate_stride));
+    MOECHECK_CUDA_CHECK(cudaMalloc(&sink, grid * sizeof(uint32_t)));
+    struct Shape {
+      const char* what;
+      const uint8_t* pool;
+      int64_t set_bytes, each;
+      std::vector<int> ms;
+    };
+    const Shape shapes[] = {{"Q2_K [2304, 5120] bytes",
+                             gate_pool,
+                             2 * nsel * gate_stride,
+                             gate_stride,
+                             {2, 4, 6, 8, 10, 12}},
+                            {"Q3_K [5120, 2304] bytes",
+                             down_pool,
+                             nsel * down_stride,
+                             down_stride,
+                             {1, 2, 3, 4, 5, 6}}};
+    for (const Shape& sh : shapes) {
+      const int mmax = sh.ms.back();
+      const size_t bytes = static_cast<size_t>(mmax * sh.each);
+      // Checks on set 0: the copy's destination equals its source, the read's folds the host's.
+      MOECHECK_CUDA_CHECK(cudaMemcpyAsync(dst, sh.pool, bytes, cudaMemcpyDeviceToDevice, s));
+      read_words_kernel<<<grid, 512, 0, s>>>(reinterpret_cast<const uint4*>(sh.pool),
+                                             static_cast<int64_t>(bytes / 16), sink);
+      MOECHECK_CUDA_CHECK(cudaGetLastError());
+      MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+      const auto src_h = bench::to_host<uint32_t>(sh.pool, bytes / 4);
+      if (bench::to_host<uint32_t>(dst, bytes / 4) != src_h) {
+        std::fprintf(stderr, "bench: the memcpy of %d x %s differs from its source\n", mmax,
+                     sh.what);
+        return 1;
+      }
+      uint32_t want = 0, got = 0;
+      for (uint32_t w : src_h) want ^= w;
+      for (uint32_t w : bench::to_host<uint32_t>(sink, static_cast<size_t>(grid))) got ^= w;
+      if (got != want) {
+        std::fprintf(stderr, "bench: read_words_kernel folded %08x, the host %08x; not timing it\n",
+                     got, want);
+        return 1;
+      }
+      std::printf("validated the read of %d x %s: xor-fold %08x equal to the host's\n", mmax,
+                  sh.what, want);
+      for (int kind = 0; kind < 2; ++kind) {
+        const char* kn = kind == 0 ? "memcpy" : "read kernel";
+        std::vector<double> xs, ys;
+        for (int m : sh.ms) {
+          const size_t b = static_cast<size_t>(m * sh.each);
+          const double us = graph_us(
+              [&](int i, cudaStream_t st) {
+                const uint8_t* src = sh.pool + (i % sets) * sh.set_bytes;
+                if (kind == 0) {
+                  MOECHECK_CUDA_CHECK(cudaMemcpyAsync(dst, src, b, cudaMemcpyDeviceToDevice, st));
+                } else {
+                  read_words_kernel<<<grid, 512, 0, st>>>(reinterpret_cast<const uint4*>(src),
+                                                          static_cast<int64_t>(b / 16), sink);
+                  MOECHECK_CUDA_CHECK(cudaGetLastError());
+                }
+              },
+              n, s);
+          xs.push_back(m);
+          ys.push_back(us);
+          std::printf("size-matched sweep (%s): %s, %d matrices: %.2f us\n", kn, sh.what, m, us);
+          if (m == mmax) {
+            // The bytes moved a microsecond: the copy's traffic is twice what it reads.
+            const double traffic = (kind == 0 ? 2.0 : 1.0) * static_cast<double>(b);
+            rows.push_back({std::string(kn) + " of " + sh.what +
+                                (kind == 0 ? " (GB/s: read + written)" : " (GB/s: read)"),
+                            std::to_string(m) + " matrices", "-", us, traffic / us * 1e-3,
+                            traffic / us * 1e-3 / copy});
+          }
+        }
+        double fixed = 0, slope = 0;
+        fit_line(xs, ys, fixed, slope);
+        const double per = (kind == 0 ? 2.0 : 1.0) * static_cast<double>(sh.each);
+        std::printf(
+            "size-matched fit (%s): %s: fixed %.2f us, %.3f us per matrix (%.0f GB/s = %.0f%% of "
+            "copy per matrix)\n",
+            kn, sh.what, fixed, slope, per / slope * 1e-3, per / slope * 1e-3 / copy * 100);
+      }
+    }
+    MOECHECK_CUDA_CHECK(cudaFree(dst));
+    MOECHECK_CUDA_CHECK(cudaFree(sink));
+  }
   // Stream launches (no graph) of the gate+up form (the default engine), for the launch overhead.
   {
     int i = 0;
