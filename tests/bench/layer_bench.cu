@@ -137,40 +137,20 @@ double router_us(const LayerWeights& w) {
 
 }  // namespace
 
-// `layer_bench graph` times only the one-token device-resident graph (for profilers);
-// `layer_bench profile T` runs three device-route forwards of T tokens after checking the first
-// against the emulation, and times nothing (for a kernel profiler's per-launch durations).
-static int profile_forwards(const LayerWeights& w, int64_t T) {
-  cuda::LayerOptions lo;
-  lo.route = RoutePlace::kDevice;
-  cuda::MoeLayer layer(w, lo);
-  emu::LayerOptions eo;
-  eo.router = lo.router;
-  eo.expert_warps = lo.expert_warps;
-  const auto x = generate_input(1000, T, w.config.dim);
-  bench::require_emu_bits("layer output (profile, T=" + std::to_string(T) + ")",
-                          layer.forward(x.data(), T), emu::MoeLayer(w, eo).forward(x.data(), T));
-  for (int i = 0; i < 3; ++i) layer.forward(x.data(), T);
-  std::printf("profile: 3 device-route forwards of T = %lld done\n", static_cast<long long>(T));
-  return 0;
-}
-
-// `layer_bench trace T [key=value ...]`: 30 replays of the device-resident graph at T tokens,
-// each synchronised, with CUPTI's kernel timeline (the output checked first against the
-// emulation). Keys (default: the driver's): prog = 0 / 1 (LayerOptions::programmatic_launch),
-// carve = 0 / 1 (cuda::set_max_shared_carveout), prio = 0 / 1 (graph_node_priority), fork = 0..3
-// (SharedFork for every T: input, router start, after the router, after the selection), side =
-// 0 / 1 (shared_side_stream), mmvq_warps = 0 / 4 / 8 / 12 / 16 (cuda::set_mmvq_stream_shape),
-// gu_warps / down_warps = 0 / 4 / 8 / 12 / 16 (gate_up_stream_warps, down_stream_warps),
-// prefetch_plan = 0 / 1 (LayerOptions::prefetch_plan), x_staged = 0 / 1
+// The keys of `layer_bench trace` and `layer_bench profile` (default: the driver's), set on lo
+// or process-wide; false (with a message naming the option) on an unknown one: prog = 0 / 1
+// (LayerOptions::programmatic_launch), carve = 0 / 1 (cuda::set_max_shared_carveout), prio = 0 / 1
+// (graph_node_priority), fork = 0..3 (SharedFork for every T: input, router start, after the
+// router, after the selection), side = 0 / 1 (shared_side_stream), mmvq_warps = 0 / 4 / 8 / 12 / 16
+// (cuda::set_mmvq_stream_shape), gu_warps / down_warps = 0 / 4 / 8 / 12 / 16 (gate_up_stream_warps,
+// down_stream_warps), prefetch_plan = 0 / 1 (LayerOptions::prefetch_plan), x_staged = 0 / 1
 // (cuda::set_bf16_gemv_x_staged), tok_blocks = 0..32 (cuda::set_bf16_gemv_tokens_blocks),
 // stream_tokens = 0.. (cuda::set_mmvq_stream_layer_tokens: the streamed MMVQ above 8 tokens),
 // whole_sm = 0 / 1 and pass_tokens = 0..2 (cuda::set_mmvq_stream_pass_shape; whole_sm first),
 // router_gemm = 0 / 1 (cuda::set_router_gemm: the staged router's GEMM above 8 tokens), step = 0 /
 // 4 / 8 (cuda::set_mmvq_stream_step: the streamed MMVQ's super-blocks a row a step).
-static int trace_graph(const LayerWeights& w, int64_t T, const std::vector<std::string>& kv) {
-  cuda::LayerOptions lo;
-  lo.route = RoutePlace::kDevice;
+static bool apply_keys(const std::vector<std::string>& kv, cuda::LayerOptions& lo,
+                       const char* mode) {
   bool whole_sm = false;
   for (const std::string& a : kv) {
     const size_t eq = a.find('=');
@@ -196,10 +176,40 @@ static int trace_graph(const LayerWeights& w, int64_t T, const std::vector<std::
       whole_sm = v == 1;
       cuda::set_mmvq_stream_pass_shape(0, whole_sm);
     } else {
-      std::fprintf(stderr, "layer_bench trace: unknown option '%s'\n", a.c_str());
-      return 2;
+      std::fprintf(stderr, "layer_bench %s: unknown option '%s'\n", mode, a.c_str());
+      return false;
     }
   }
+  return true;
+}
+
+// `layer_bench graph` times only the one-token device-resident graph (for profilers);
+// `layer_bench profile T [key=value ...]` runs three device-route forwards of T tokens after
+// checking the first against the emulation, and times nothing (for a kernel profiler's
+// per-launch durations), the keys as apply_keys.
+static int profile_forwards(const LayerWeights& w, int64_t T, const std::vector<std::string>& kv) {
+  cuda::LayerOptions lo;
+  lo.route = RoutePlace::kDevice;
+  if (!apply_keys(kv, lo, "profile")) return 2;
+  cuda::MoeLayer layer(w, lo);
+  emu::LayerOptions eo;
+  eo.router = lo.router;
+  eo.expert_warps = lo.expert_warps;
+  const auto x = generate_input(1000, T, w.config.dim);
+  bench::require_emu_bits("layer output (profile, T=" + std::to_string(T) + ")",
+                          layer.forward(x.data(), T), emu::MoeLayer(w, eo).forward(x.data(), T));
+  for (int i = 0; i < 3; ++i) layer.forward(x.data(), T);
+  std::printf("profile: 3 device-route forwards of T = %lld done\n", static_cast<long long>(T));
+  return 0;
+}
+
+// `layer_bench trace T [key=value ...]`: 30 replays of the device-resident graph at T tokens,
+// each synchronised, with CUPTI's kernel timeline (the output checked first against the
+// emulation), the keys as apply_keys.
+static int trace_graph(const LayerWeights& w, int64_t T, const std::vector<std::string>& kv) {
+  cuda::LayerOptions lo;
+  lo.route = RoutePlace::kDevice;
+  if (!apply_keys(kv, lo, "trace")) return 2;
   cuda::MoeLayer layer(w, lo);
   const auto x = generate_input(1000, T, w.config.dim);
   MOECHECK_CUDA_CHECK(
@@ -239,7 +249,9 @@ int main(int argc, char** argv) {
   std::printf("generated ds41 layer 0 (fast blocks) in %.1f s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   const MoeConfig& c = w.config;
-  if (profile) return profile_forwards(w, std::stoll(argv[2]));
+  if (profile)
+    return profile_forwards(w, std::stoll(argv[2]),
+                            std::vector<std::string>(argv + 3, argv + argc));
   if (trace)
     return trace_graph(w, std::stoll(argv[2]), std::vector<std::string>(argv + 3, argv + argc));
   if (argc > 1 && std::string(argv[1]) == "quick") {
