@@ -289,45 +289,75 @@ __device__ __forceinline__ void tokens_super_block(int ntok, const uint8_t* st, 
   super_block<kType, kAligned, 1, kTok>(st, blk, {aq, am, stride}, acc);
 }
 
-// t of units 2 j and 2 j + 1 of the block at blk (a super-block shared by a row's four lanes).
+// A token's staged activation of units 2 j and 2 j + 1 of a block: the quants of each unit's two
+// 16-value halves (aq: the block's unit 0, 32 bytes a unit) and their half sums (am, 16 bytes a
+// unit).
+struct UnitActs {
+  uint4 q00, q01, q10, q11;
+  int4 m0, m1;
+  __device__ __forceinline__ UnitActs(int j, const uint8_t* aq, const uint8_t* am)
+      : q00(*reinterpret_cast<const uint4*>(aq + 64 * j)),
+        q01(*reinterpret_cast<const uint4*>(aq + 64 * j + 16)),
+        q10(*reinterpret_cast<const uint4*>(aq + 64 * j + 32)),
+        q11(*reinterpret_cast<const uint4*>(aq + 64 * j + 48)),
+        m0(*reinterpret_cast<const int4*>(am + 32 * j)),
+        m1(*reinterpret_cast<const int4*>(am + 32 * j + 16)) {}
+};
+
+// Units 2 j and 2 j + 1 of the block at blk (a super-block shared by a row's four lanes): their
+// weight words, loaded and masked once for all the tokens of a pass (as super_block does for a
+// class block), and t of each token's activation (a pure function of the unit and the token).
 template <GgmlType kType>
-__device__ __forceinline__ void unit_pair(const uint8_t* st, int blk, int j, const uint8_t* aq,
-                                          const uint8_t* am, float& t0, float& t1) {
-  const int h = j >> 1;
-  const uint4 x00 = *reinterpret_cast<const uint4*>(aq + 64 * j);
-  const uint4 x01 = *reinterpret_cast<const uint4*>(aq + 64 * j + 16);
-  const uint4 x10 = *reinterpret_cast<const uint4*>(aq + 64 * j + 32);
-  const uint4 x11 = *reinterpret_cast<const uint4*>(aq + 64 * j + 48);
-  const int4 m0 = *reinterpret_cast<const int4*>(am + 32 * j);
-  const int4 m1 = *reinterpret_cast<const int4*>(am + 32 * j + 16);
-  if constexpr (kType == GgmlType::kQ2K) {
+struct UnitPair;
+
+template <>
+struct UnitPair<GgmlType::kQ2K> {
+  uint32_t mq0[8], mq1[8], sw;
+  float d, dmin;
+  int s;
+  __device__ __forceinline__ UnitPair(const uint8_t* st, int blk, int j) {
     uint32_t qs[8];
-    lds_words<8>(st, blk + 16 + 32 * h, qs);
-    const uint32_t sw = lds_u32(st, blk + 4 * j);  // scales[4j .. 4j + 3]: units 2j, 2j + 1
+    lds_words<8>(st, blk + 16 + 32 * (j >> 1), qs);
+    sw = lds_u32(st, blk + 4 * j);  // scales[4j .. 4j + 3]: units 2j, 2j + 1
     const uint32_t dd = lds_u32(st, blk + 80);
-    const float d = low_f16(dd), dmin = low_f16(dd >> 16);
-    const int s = 2 * (j & 1);
-    uint32_t mq0[8], mq1[8];
+    d = low_f16(dd);
+    dmin = low_f16(dd >> 16);
+    s = 2 * (j & 1);
     mask_words(qs, 0x03030303u << (2 * s), mq0);
     mask_words(qs, 0x03030303u << (2 * s + 2), mq1);
-    t0 = q2k_t_masked(mq0, s, sw, d, dmin, x00, x01, m0.y, false);
-    t1 = q2k_t_masked(mq1, s + 1, sw, d, dmin, x10, x11, m1.y, true);
-  } else {
+  }
+  // aq, am: the token's staged activation of the block's unit 0 (units 2 j, 2 j + 1 follow).
+  __device__ __forceinline__ void t(int j, const uint8_t* aq, const uint8_t* am, float& t0,
+                                    float& t1) const {
+    const UnitActs x(j, aq, am);
+    t0 = q2k_t_masked(mq0, s, sw, d, dmin, x.q00, x.q01, x.m0.y, false);
+    t1 = q2k_t_masked(mq1, s + 1, sw, d, dmin, x.q10, x.q11, x.m1.y, true);
+  }
+};
+
+template <>
+struct UnitPair<GgmlType::kQ3K> {
+  uint32_t ml0[8], ml1[8], mh0[8], mh1[8], sw;
+  float d;
+  __device__ __forceinline__ UnitPair(const uint8_t* st, int blk, int j) {
     uint32_t qs[8], hm[8], sc[3];
-    lds_words<8>(st, blk + 32 + 32 * h, qs);
+    lds_words<8>(st, blk + 32 + 32 * (j >> 1), qs);
     lds_words<8>(st, blk, hm);
     lds_words<3>(st, blk + 96, sc);
-    const float d = low_f16(lds_u16(st, blk + 108));
-    const uint32_t sw = q3k_scale_word(sc[0], sc[1], sc[2], j);
-    uint32_t ml0[8], ml1[8], mh0[8], mh1[8];
+    d = low_f16(lds_u16(st, blk + 108));
+    sw = q3k_scale_word(sc[0], sc[1], sc[2], j);
     mask_words(qs, 0x03030303u << (2 * ((2 * j) & 3)), ml0);
     mask_words(qs, 0x03030303u << (2 * ((2 * j + 1) & 3)), ml1);
     mask_words(hm, 0x01010101u << (2 * j), mh0);
     mask_words(hm, 0x01010101u << (2 * j + 1), mh1);
-    t0 = q3k_t_masked(ml0, mh0, 2 * j, sw, d, x00, x01, m0, false);
-    t1 = q3k_t_masked(ml1, mh1, 2 * j + 1, sw, d, x10, x11, m1, true);
   }
-}
+  __device__ __forceinline__ void t(int j, const uint8_t* aq, const uint8_t* am, float& t0,
+                                    float& t1) const {
+    const UnitActs x(j, aq, am);
+    t0 = q3k_t_masked(ml0, mh0, 2 * j, sw, d, x.q00, x.q01, x.m0, false);
+    t1 = q3k_t_masked(ml1, mh1, 2 * j + 1, sw, d, x.q10, x.q11, x.m1, true);
+  }
+};
 
 // The butterfly's tree over a row's 32 contract lanes, held as acc[b] of lanes 4 r + c (contract
 // lane 8 c + b): levels 16 and 8 across the row's lanes, then 4, 2, 1 inside the lane.
@@ -637,17 +667,20 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
     if (rem != 0 && q == nq - 1) {  // the rem super-blocks, shared by the row's four lanes
       // Their blocks follow the step's class blocks (or start the stage when the row has fewer
       // than 4); each chain meets them after its class's blocks of this step, in increasing sb.
+      // Each block's weight words are formed once for the pass's tokens; each token's chains
+      // still meet the blocks in increasing sb (the tokens' chains are apart).
       const int o0 = kChunkSb * ncb;
+      auto rem_block = [&](int o) {
+        const int sb = kCB * q + o0 + o;
+        const UnitPair<kType> w(st, m + (o0 + o) * kB, c);
 #pragma unroll
-      for (int i = 0; i < kTok; ++i) {
-        if (i >= ntok) break;  // warp-uniform
-        const uint8_t* ai = act + i * L.act_bytes;
-        for (int o = 0; o < rem; ++o) {
-          const int sb = kCB * q + o0 + o;
+        for (int i = 0; i < kTok; ++i) {
+          if (i >= ntok) break;  // warp-uniform
+          const uint8_t* ai = act + i * L.act_bytes;
           const uint8_t* aq = ai + kActQSb * sb;
           const uint8_t* am = ai + L.act_m + kActMSb * sb;
           float t0, t1;
-          unit_pair<kType>(st, m + (o0 + o) * kB, c, aq, am, t0, t1);
+          w.t(c, aq, am, t0, t1);
 #pragma unroll
           for (int jj = 0; jj < 4; ++jj) {
             const float v0 = __shfl_sync(0xFFFFFFFFu, t0, (lane & ~3) | jj);
@@ -659,6 +692,17 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
             }
           }
         }
+      };
+      // Unrolled for one-token passes (each block's copy its own registers: no moves of the
+      // chains between iterations); a loop for two (the unrolled copies spill there).
+      if constexpr (kTok == 1) {
+#pragma unroll
+        for (int o = 0; o < kChunkSb - 1; ++o) {
+          if (o >= rem) break;  // warp-uniform
+          rem_block(o);
+        }
+      } else {
+        for (int o = 0; o < rem; ++o) rem_block(o);
       }
     }
     if (q == nq - 1) {
