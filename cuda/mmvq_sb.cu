@@ -291,7 +291,9 @@ __device__ __forceinline__ void tokens_super_block(int ntok, const uint8_t* st, 
 
 // A token's staged activation of units 2 j and 2 j + 1 of a block: the quants of each unit's two
 // 16-value halves (aq: the block's unit 0, 32 bytes a unit) and their half sums (am, 16 bytes a
-// unit).
+// unit). The same words as unit_act of units 2 j and 2 j + 1; written out so that the six loads
+// issue in this order (two unit_act calls reorder them in the PTX, which the device has not yet
+// run: replace it by them once a GPU suite has).
 struct UnitActs {
   uint4 q00, q01, q10, q11;
   int4 m0, m1;
