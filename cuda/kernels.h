@@ -161,6 +161,35 @@ int mmvq_stream_pass_tokens(int64_t layer_tokens);
 // tests; no bit depends on it (each chain still meets its super-blocks in increasing order).
 // Process-wide, not thread-safe.
 void set_mmvq_stream_step(int blocks);
+// Diagnostics of the streamed engine's one-token launches (tests/bench/mmvq_bench.cu "The
+// one-token launch, warp by warp"): mode 0 (the default) off; 1: every warp of each launch
+// records its timeline (MmvqTimelineSlot) while computing exactly as always; 2: the same with the
+// products and the output left out (the copies, their waits, the activation staging and the
+// bookkeeping alone; y is not written). Warp w of block b writes kMmvqTimelineWords words at
+// buffer + kMmvqTimelineWords (b warps + w); a launch whose warps exceed capacity_warps, a launch
+// of several-token groups or one of steps of 8 throws InputError while a mode is set. Records are
+// clock64() cycles of the warp's multiprocessor and %globaltimer nanoseconds; a slot a warp
+// never reaches keeps what the buffer held. Process-wide, for benchmarks; not thread-safe.
+enum MmvqTimelineSlot : int {
+  kTlEntryNs = 0,       // %globaltimer at the warp's start
+  kTlEntryClk = 1,      // clock64 at the warp's start
+  kTlIssuedClk = 2,     // its first steps issued (the ring's stages)
+  kTlPdlClk = 3,        // past the programmatic-launch wait
+  kTlStagedClk = 4,     // the block's activation slots staged (a block barrier)
+  kTlFirstDataClk = 5,  // the first step's bytes landed
+  kTlPasses = 6,        // the warp's passes
+  kTlSmBlock = 7,       // %smid | blockIdx.x << 32
+  kTlPassEnd0 = 8,      // slots 8 .. 23: the end of pass j (its output formed), j < kTlPassEnds
+  kTlPassEnds = 16,
+  kTlExitClk = 24,     // clock64 at the warp's end
+  kTlExitNs = 25,      // %globaltimer at the warp's end
+  kTlWaitClk = 26,     // cycles spent waiting for steps' bytes (the mbarrier waits)
+  kTlComputeClk = 27,  // cycles from each step's bytes to its end (products, output)
+  kTlSteps = 28,       // the warp's steps
+  kTlStagedNs = 29,    // %globaltimer at kTlStagedClk
+  kMmvqTimelineWords = 32
+};
+void set_mmvq_stream_diagnostic(int mode, uint64_t* buffer, int64_t capacity_warps);
 // The dp4a kernel's rows per warp: 0 (the default) two wherever the doubled tiles fit in shared
 // memory, 1 always one (the kernel's fallback, so that tests reach it). No bit depends on it.
 // Process-wide, for tests and benchmarks; not thread-safe.

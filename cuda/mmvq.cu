@@ -416,6 +416,10 @@ void set_mmvq_stream_pass_shape(int pass_tokens, bool whole_sm) {
 
 void set_mmvq_stream_step(int blocks) { mmvq_sb::set_step(blocks); }
 
+void set_mmvq_stream_diagnostic(int mode, uint64_t* buffer, int64_t capacity_warps) {
+  mmvq_sb::set_diagnostic(mode, buffer, capacity_warps);
+}
+
 void set_mmvq_rows_per_warp(int r) {
   if (r != 0 && r != 1)
     throw InputError("cuda::set_mmvq_rows_per_warp: r must be 0 (two where they fit) or 1, found " +

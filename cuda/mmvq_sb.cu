@@ -59,6 +59,7 @@
 #include "cuda/bulk_copy.cuh"
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
+#include "cuda/kernels.h"
 #include "cuda/mmvq_units.cuh"
 #include "cuda/pdl.cuh"
 
@@ -472,11 +473,32 @@ struct PassCursor {
   }
 };
 
-template <GgmlType kType, int kWarps, bool kPrefix, int kTok, int kPer>
+// The launch diagnostics (cuda::set_mmvq_stream_diagnostic; kDiag 1: a timeline a warp, 2: the
+// same with the products and the output left out). Warp w of block b writes its record of
+// kMmvqTimelineWords words at g_timeline + kMmvqTimelineWords (b kWarps + w), lane 0 alone; the
+// slots are cuda/kernels.h's MmvqTimelineSlot. Clock reads are per multiprocessor (cycles);
+// %globaltimer (ns, coarse) places the warps' entries and exits on one axis.
+__device__ uint64_t* g_timeline = nullptr;
+
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ uint32_t sm_id() {
+  uint32_t v;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(v));
+  return v;
+}
+
+// kDiag = 0 is the product kernel (no record, no clock read: its code is as without the
+// parameter).
+template <GgmlType kType, int kWarps, bool kPrefix, int kTok, int kPer, int kDiag = 0>
 __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
     mmvq_sb_kernel(MmvqParams p, int stages, int n_act, bool early) {
   static_assert(kTok == 1 || (kPrefix && kTok <= kPassTokens));
   static_assert(kPer == 1 || kPer == 2);
+  static_assert(kDiag == 0 || (!kPrefix && kTok == 1 && kPer == 1));
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kB = kBB<kType>;
   constexpr int kThreads = kWarps * kWarpSize;
@@ -496,6 +518,20 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   uint8_t* acts = smem + L.acts;
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem + L.bar) + warp * stages;
   int* act_rows = reinterpret_cast<int*>(smem + L.bytes);
+  // The warp's diagnostic record (kDiag only): lane 0 writes slot k.
+  uint64_t* tl = nullptr;
+  auto mark = [&](int k, uint64_t v) {
+    if constexpr (kDiag != 0) {
+      if (lane == 0) tl[k] = v;
+    }
+  };
+  if constexpr (kDiag != 0) {
+    tl = g_timeline + static_cast<int64_t>(kMmvqTimelineWords) *
+                          (static_cast<int64_t>(blockIdx.x) * kWarps + warp);
+    mark(kTlEntryNs, global_ns());
+    mark(kTlEntryClk, clock64());
+    mark(kTlSmBlock, sm_id() | static_cast<uint64_t>(blockIdx.x) << 32);
+  }
   // Programmatic launch (cuda/pdl.cuh): the activations are the predecessor's output. Under
   // kEarlyReads the plan (group counts, slot pointers) was complete before the predecessor
   // started, so the rings start filling before the wait; otherwise everything waits.
@@ -526,6 +562,11 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   const int64_t b0 = range.b0, b1 = range.b1;
   if (b1 <= b0) {  // block-uniform: no pass here
     pdl::wait();
+    if constexpr (kDiag != 0) {
+      mark(kTlPasses, 0);
+      mark(kTlExitClk, clock64());
+      mark(kTlExitNs, global_ns());
+    }
     return;
   }
   // The pairs of the block's chunks: pi0 .. pi0 + np - 1 (np <= n_act, the launch's bound).
@@ -597,10 +638,12 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
       ++ij;
     }
   }
+  if constexpr (kDiag != 0) mark(kTlIssuedClk, clock64());
   if (early) {
     pdl::wait();
     pdl::launch_dependents();
   }
+  if constexpr (kDiag != 0) mark(kTlPdlClk, clock64());
   // The activation rows of the block's pairs pi0 .. pi0 + np - 1, one slot each.
   for (int j = static_cast<int>(threadIdx.x); j < np; j += kThreads) {
     int64_t g = -1;
@@ -611,6 +654,13 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   }
   __syncthreads();
   stage_acts<kThreads>(p.a, act_rows, np, units, acts, L.act_bytes, L.act_m);
+  if constexpr (kDiag != 0) {
+    mark(kTlStagedClk, clock64());
+    mark(kTlStagedNs, global_ns());
+    mark(kTlPasses, static_cast<uint64_t>(n_pass));
+    mark(kTlSteps, static_cast<uint64_t>(steps));
+  }
+  [[maybe_unused]] uint64_t wait_clk = 0, compute_clk = 0, t_data = 0;
 
   int64_t group = -1, cur = -1;
   GroupInfo gi{nullptr, 0};
@@ -645,7 +695,14 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
 #pragma unroll
         for (int b = 0; b < 8; ++b) acc[i][b] = 0.0f;
     }
+    if constexpr (kDiag != 0) t_data = clock64();
     bulk::bar_wait(bar + k, parity);
+    if constexpr (kDiag != 0) {
+      const uint64_t now = clock64();
+      wait_clk += now - t_data;
+      t_data = now;
+      if (s == 0) mark(kTlFirstDataClk, now);
+    }
     const uint8_t* st = ring + k * L.stage + r * kS;
     const int64_t row = static_cast<int64_t>(at.pass) * kPassRows + r;
     const int m = static_cast<int>((row_ph + static_cast<uint32_t>(q * kCB * kB)) & 15u);
@@ -660,13 +717,16 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
       if (aligned4) tokens_super_block<kType, true, kTok>(ntok, st, blk, aq, am, L.act_bytes, acc);
       else tokens_super_block<kType, false, kTok>(ntok, st, blk, aq, am, L.act_bytes, acc);
     };
-    if constexpr (kPer == 1) {
+    if constexpr (kDiag == 2) {
+      // Copies alone: the step's bytes landed and are left unread.
+    } else if constexpr (kPer == 1) {
       if (ncb != 0) class_block(0);
     } else {
 #pragma unroll 1
       for (int i = 0; i < ncb; ++i) class_block(i);
     }
-    if (rem != 0 && q == nq - 1) {  // the rem super-blocks, shared by the row's four lanes
+    if (kDiag != 2 && rem != 0 &&
+        q == nq - 1) {  // the rem super-blocks, shared by the row's four lanes
       // Their blocks follow the step's class blocks (or start the stage when the row has fewer
       // than 4); each chain meets them after its class's blocks of this step, in increasing sb.
       // Each block's weight words are formed once for the pass's tokens; each token's chains
@@ -707,7 +767,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
         for (int o = 0; o < rem; ++o) rem_block(o);
       }
     }
-    if (q == nq - 1) {
+    if (kDiag != 2 && q == nq - 1) {
 #pragma unroll
       for (int i = 0; i < kTok; ++i) {
         if (i >= ntok) break;  // warp-uniform
@@ -715,6 +775,11 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
         if (valid && c == 0)
           p.y[static_cast<int64_t>(out_row(p, group, tok0 + i)) * p.rows + row] = v;
       }
+    }
+    if constexpr (kDiag != 0) {
+      const uint64_t now = clock64();
+      compute_clk += now - t_data;
+      if (q == nq - 1 && j < kTlPassEnds) mark(kTlPassEnd0 + j, now);
     }
     __syncwarp();  // every lane is done with stage k
     if (s + stages < steps) {
@@ -734,14 +799,28 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
       ++j;
     }
   }
+  if constexpr (kDiag != 0) {
+    mark(kTlWaitClk, wait_clk);
+    mark(kTlComputeClk, compute_clk);
+    mark(kTlExitClk, clock64());
+    mark(kTlExitNs, global_ns());
+  }
 }
 
 // The process's settings (set_pass_shape, set_step; Settings in cuda/mmvq_sb.cuh).
 Settings g_settings;
 
-template <GgmlType kType, int kWarps, bool kPrefix, int kTok, int kPer>
+// set_diagnostic's mode and the capacity of its buffer (warps).
+struct Diagnostic {
+  int mode = 0;
+  int64_t capacity = 0;
+  uint64_t* written = nullptr;  // g_timeline's value
+};
+Diagnostic g_diag;
+
+template <GgmlType kType, int kWarps, bool kPrefix, int kTok, int kPer, int kDiag = 0>
 void launch_per(const MmvqParams& p, const Geometry& g, void* stream) {
-  auto* kernel = mmvq_sb_kernel<kType, kWarps, kPrefix, kTok, kPer>;
+  auto* kernel = mmvq_sb_kernel<kType, kWarps, kPrefix, kTok, kPer, kDiag>;
   static int smem_set = 48 * 1024;
   if (g.bytes > smem_set) {
     MOECHECK_CUDA_CHECK(
@@ -766,8 +845,32 @@ void launch_prefix(const MmvqParams& p, const Geometry& g, void* stream) {
   else launch_one<kType, kWarps, true, kPassTokens>(p, g, stream);
 }
 
+// A one-token launch with steps of 4 under set_diagnostic's mode (1 or 2).
+template <GgmlType kType, int kDiag>
+void launch_diag(const MmvqParams& p, const Geometry& g, void* stream) {
+  switch (g.warps) {
+    case 16: launch_per<kType, 16, false, 1, 1, kDiag>(p, g, stream); break;
+    case 12: launch_per<kType, 12, false, 1, 1, kDiag>(p, g, stream); break;
+    case 8: launch_per<kType, 8, false, 1, 1, kDiag>(p, g, stream); break;
+    default: launch_per<kType, 4, false, 1, 1, kDiag>(p, g, stream); break;
+  }
+}
+
 template <GgmlType kType>
 void launch_type(const MmvqParams& p, const Geometry& g, void* stream) {
+  if (g_diag.mode != 0) {
+    if (prefixed(p) || g.per != 1)
+      throw InputError(
+          "cuda::set_mmvq_stream_diagnostic: only one-token launches with steps of 4 record a "
+          "timeline (this launch has several-token groups or steps of 8)");
+    if (g.grid * g.warps > g_diag.capacity)
+      throw InputError("cuda::set_mmvq_stream_diagnostic: the launch has " +
+                       std::to_string(g.grid * g.warps) + " warps, the buffer holds " +
+                       std::to_string(g_diag.capacity));
+    if (g_diag.mode == 1) launch_diag<kType, 1>(p, g, stream);
+    else launch_diag<kType, 2>(p, g, stream);
+    return;
+  }
   switch (g.warps) {
     case 16: launch_prefix<kType, 16>(p, g, stream); break;
     case 12: launch_prefix<kType, 12>(p, g, stream); break;
@@ -791,6 +894,24 @@ void set_step(int blocks) {
     throw InputError("cuda::set_mmvq_stream_step: super-blocks a step must be 0, 4 or 8, found " +
                      std::to_string(blocks));
   g_settings.step = blocks;
+}
+
+void set_diagnostic(int mode, uint64_t* buffer, int64_t capacity_warps) {
+  if (mode < 0 || mode > 2)
+    throw InputError("cuda::set_mmvq_stream_diagnostic: mode must be 0, 1 or 2, found " +
+                     std::to_string(mode));
+  if (mode != 0 && (buffer == nullptr || capacity_warps < 1))
+    throw InputError(
+        "cuda::set_mmvq_stream_diagnostic: modes 1 and 2 need a buffer of one "
+        "record a warp or more");
+  // The device's pointer is written only when it changes (a blocking copy): switching the mode
+  // between launches of one stream leaves the stream's work undisturbed.
+  if (mode != 0 && buffer != g_diag.written) {
+    MOECHECK_CUDA_CHECK(cudaMemcpyToSymbol(g_timeline, &buffer, sizeof buffer));
+    g_diag.written = buffer;
+  }
+  g_diag.mode = mode;
+  g_diag.capacity = mode != 0 ? capacity_warps : 0;
 }
 
 bool supported(const MmvqParams& p, GgmlType t) {

@@ -324,5 +324,7 @@ inline bool choose(const mmvq_tiles::MmvqParams& p, GgmlType t, int warps, int s
 void set_pass_shape(int pass_tokens, bool whole_sm);
 // cuda::set_mmvq_stream_step (cuda/kernels.h).
 void set_step(int blocks);
+// cuda::set_mmvq_stream_diagnostic (cuda/kernels.h).
+void set_diagnostic(int mode, uint64_t* buffer, int64_t capacity_warps);
 
 }  // namespace moecheck::cuda::mmvq_sb

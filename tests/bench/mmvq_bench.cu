@@ -115,6 +115,226 @@ void fit_line(const std::vector<double>& xs, const std::vector<double>& ys, doub
   fixed = my - slope * mx;
 }
 
+// The one-token launch, warp by warp (cuda::set_mmvq_stream_diagnostic). Where a launch's
+// fixed cost (the fit above: about 11 us for Q2_K, 8 us for Q3_K, against 2 - 2.5 us for a plain
+// read of the same bytes) goes: each warp records when it started, issued its first copies,
+// passed the programmatic-launch wait, had the block's activations staged, saw its first bytes,
+// ended each pass and ended, with its cycles waiting for bytes and computing. Mode 1 computes as
+// always (checked bitwise against the emulation first); mode 2 leaves the products and the output
+// out (the launch's copies, waits, staging and bookkeeping alone; METHOD's "leave one stage out"),
+// timed over the same matrix counts as the fit above. A recorded launch follows an ordinary one of
+// the same shape on another weight set, as in the graph replays.
+namespace tl {
+
+struct Rec {
+  uint64_t w[cuda::kMmvqTimelineWords];
+  uint64_t operator[](int k) const { return w[k]; }
+};
+constexpr uint64_t kUnset = ~uint64_t{0};
+
+double pct(std::vector<double> v, double q) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const double x = q * static_cast<double>(v.size() - 1);
+  const size_t i = static_cast<size_t>(x);
+  const double f = x - static_cast<double>(i);
+  return i + 1 < v.size() ? v[i] * (1 - f) + v[i + 1] * f : v[i];
+}
+
+// Pooled per-warp figures of several recorded launches, in microseconds.
+struct Pool {
+  std::vector<double> entry, issued, pdl, staged, first, pass1, pass2, pass3, tail, wait, compute,
+      exit;
+  std::vector<double> spans, busy, ghz;
+  std::vector<int> passes_hist = std::vector<int>(8, 0);
+  int warps = 0, blocks = 0, sms = 0;
+};
+
+void add(const std::vector<Rec>& recs, Pool& P) {
+  std::vector<const Rec*> live;
+  for (const Rec& r : recs)
+    if (r[cuda::kTlEntryNs] != kUnset && r[cuda::kTlExitNs] != kUnset) live.push_back(&r);
+  if (live.empty()) return;
+  double sum_ns = 0, sum_clk = 0;
+  uint64_t t0 = kUnset, t1 = 0;
+  for (const Rec* r : live) {
+    sum_ns += static_cast<double>((*r)[cuda::kTlExitNs] - (*r)[cuda::kTlEntryNs]);
+    sum_clk += static_cast<double>((*r)[cuda::kTlExitClk] - (*r)[cuda::kTlEntryClk]);
+    t0 = std::min(t0, (*r)[cuda::kTlEntryNs]);
+    t1 = std::max(t1, (*r)[cuda::kTlExitNs]);
+  }
+  const double ns_per_clk = sum_ns / sum_clk;  // the multiprocessors' clock, from both timers
+  P.ghz.push_back(1.0 / ns_per_clk);
+  const double span = static_cast<double>(t1 - t0) * 1e-3;
+  P.spans.push_back(span);
+  auto us = [&](uint64_t a, uint64_t b) {  // cycles a -> b of one warp, in us
+    return static_cast<double>(b - a) * ns_per_clk * 1e-3;
+  };
+  std::vector<uint64_t> blocks, sms;
+  double busy = 0;
+  for (const Rec* rp : live) {
+    const Rec& r = *rp;
+    const uint64_t e = r[cuda::kTlEntryClk];
+    P.entry.push_back(static_cast<double>(r[cuda::kTlEntryNs] - t0) * 1e-3);
+    P.exit.push_back(static_cast<double>(r[cuda::kTlExitNs] - t0) * 1e-3);
+    busy += us(e, r[cuda::kTlExitClk]);
+    blocks.push_back(r[cuda::kTlSmBlock] >> 32);
+    sms.push_back(r[cuda::kTlSmBlock] & 0xFFFFFFFFu);
+    const int np = static_cast<int>(r[cuda::kTlPasses]);
+    ++P.passes_hist[std::min(np, 7)];
+    if (np == 0 || r[cuda::kTlStagedClk] == kUnset) continue;
+    P.issued.push_back(us(e, r[cuda::kTlIssuedClk]));
+    P.pdl.push_back(us(e, r[cuda::kTlPdlClk]));
+    P.staged.push_back(us(e, r[cuda::kTlStagedClk]));
+    P.first.push_back(us(e, r[cuda::kTlFirstDataClk]));
+    P.wait.push_back(us(0, r[cuda::kTlWaitClk]));
+    P.compute.push_back(us(0, r[cuda::kTlComputeClk]));
+    uint64_t prev = r[cuda::kTlFirstDataClk];
+    const int nrec = std::min(np, static_cast<int>(cuda::kTlPassEnds));
+    for (int j = 0; j < nrec; ++j) {
+      const uint64_t end = r[cuda::kTlPassEnd0 + j];
+      (j == 0 ? P.pass1 : j == 1 ? P.pass2 : P.pass3).push_back(us(prev, end));
+      prev = end;
+    }
+    if (np <= cuda::kTlPassEnds) P.tail.push_back(us(prev, r[cuda::kTlExitClk]));
+  }
+  std::sort(blocks.begin(), blocks.end());
+  std::sort(sms.begin(), sms.end());
+  P.warps = static_cast<int>(live.size());
+  P.blocks = static_cast<int>(std::unique(blocks.begin(), blocks.end()) - blocks.begin());
+  P.sms = static_cast<int>(std::unique(sms.begin(), sms.end()) - sms.begin());
+  P.busy.push_back(busy / (static_cast<double>(live.size()) * span));
+}
+
+void print(const char* what, const char* mode, double graph, const Pool& P) {
+  std::printf(
+      "\n#### timeline: %s, %s: graph-replayed %.2f us a launch; recorded launches' span (first "
+      "warp's start to last warp's end, %%globaltimer) %.2f us (median of %zu, %.2f - %.2f); "
+      "%d warps in %d blocks on %d multiprocessors; multiprocessor clock %.3f GHz (clock64 over "
+      "%%globaltimer); warps busy %.0f %% of the span\n\n",
+      what, mode, graph, bench::median(P.spans), P.spans.size(), pct(P.spans, 0), pct(P.spans, 1),
+      P.warps, P.blocks, P.sms, bench::median(P.ghz), 100.0 * bench::median(P.busy));
+  std::printf("| per warp, us (pooled over the launches) | n | p10 | p50 | p90 | max |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  auto row = [](const char* name, const std::vector<double>& v) {
+    if (v.empty()) return;
+    std::printf("| %s | %zu | %.2f | %.2f | %.2f | %.2f |\n", name, v.size(), pct(v, 0.1),
+                pct(v, 0.5), pct(v, 0.9), pct(v, 1.0));
+  };
+  row("start, after the launch's first warp (globaltimer)", P.entry);
+  row("its first steps issued, from its start", P.issued);
+  row("past the programmatic-launch wait, from its start", P.pdl);
+  row("block's activations staged, from its start", P.staged);
+  row("first step's bytes landed, from its start", P.first);
+  row("pass 1 (from the first bytes)", P.pass1);
+  row("pass 2", P.pass2);
+  row("passes 3 and later, each", P.pass3);
+  row("last pass's end to the warp's end", P.tail);
+  row("waiting for bytes, the warp's total", P.wait);
+  row("from bytes to a step's end, the warp's total", P.compute);
+  row("end, after the launch's first warp (globaltimer)", P.exit);
+  std::printf("\npasses a warp (warps, pooled):");
+  for (int k = 0; k < 8; ++k)
+    if (P.passes_hist[k] != 0) std::printf(" %s%d: %d", k == 7 ? ">=" : "", k, P.passes_hist[k]);
+  std::printf("\n");
+}
+
+}  // namespace tl
+
+void timeline_section(const uint8_t** d_tab, int64_t gate_stride, int64_t down_stride,
+                      const BlockQ8_1* x_q8, const BlockQ8_1* h_q8, float* y,
+                      const std::vector<float>& want_gu, const std::vector<float>& want_d,
+                      int64_t inter, int64_t dim, int64_t sets, double copy, cudaStream_t s) {
+  int sms = 0, dev = 0;
+  MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
+  MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t cap = static_cast<int64_t>(sms) * 16;  // a block a multiprocessor, 16 warps at most
+  uint64_t* buf = nullptr;
+  const size_t buf_bytes = static_cast<size_t>(cap) * cuda::kMmvqTimelineWords * sizeof(uint64_t);
+  MOECHECK_CUDA_CHECK(cudaMalloc(&buf, buf_bytes));
+  const int nsel = 6, n = 4 * static_cast<int>(sets), reps = 7;
+  auto table = [&](int64_t i) { return d_tab + (i % sets) * 3 * nsel; };
+  std::printf("\n### mmvq_bench: the one-token launch, warp by warp (copy %.0f GB/s)\n", copy);
+  struct Shape {
+    const char* what;
+    GgmlType t;
+    int off, m;
+    int64_t R, K;
+    const BlockQ8_1* a;
+    bool per_expert;
+  };
+  const Shape shapes[] = {
+      {"gate+up, 12 x Q2_K [2304, 5120]", GgmlType::kQ2K, 0, 12, inter, dim, x_q8, false},
+      {"gate, 6 x Q2_K [2304, 5120]", GgmlType::kQ2K, 0, 6, inter, dim, x_q8, false},
+      {"2 x Q2_K [2304, 5120]", GgmlType::kQ2K, 0, 2, inter, dim, x_q8, false},
+      {"down, 6 x Q3_K [5120, 2304]", GgmlType::kQ3K, 2 * nsel, 6, dim, inter, h_q8, true},
+      {"1 x Q3_K [5120, 2304]", GgmlType::kQ3K, 2 * nsel, 1, dim, inter, h_q8, true}};
+  for (const Shape& sh : shapes) {
+    auto run = [&](const uint8_t** tab, cudaStream_t st) {
+      cuda::mmvq_experts(sh.t, tab + sh.off, sh.m, sh.a, sh.per_expert, y, sh.R, sh.K, 8, st);
+    };
+    for (int mode = 1; mode <= 2; ++mode) {
+      MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+      cuda::set_mmvq_stream_diagnostic(mode, buf, cap);
+      if (mode == 1) {  // the recording kernel computes what the product kernel does
+        run(d_tab, s);
+        MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+        const std::vector<float>& want = sh.t == GgmlType::kQ2K ? want_gu : want_d;
+        bench::require_emu_bits(std::string("timeline kernel, ") + sh.what, y,
+                                std::vector<float>(want.begin(), want.begin() + sh.m * sh.R));
+      }
+      const double graph =
+          bench::graph_us([&](int i, cudaStream_t st) { run(table(i), st); }, n, s);
+      tl::Pool P;
+      for (int r = 0; r < reps; ++r) {
+        MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+        cuda::set_mmvq_stream_diagnostic(0, nullptr, 0);
+        MOECHECK_CUDA_CHECK(cudaMemsetAsync(buf, 0xFF, buf_bytes, s));
+        run(table(2 * r + 1), s);  // the predecessor, as in a replay
+        cuda::set_mmvq_stream_diagnostic(mode, buf, cap);
+        run(table(2 * r + 2), s);
+        MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+        tl::add(bench::to_host<tl::Rec>(buf, static_cast<size_t>(cap)), P);
+      }
+      tl::print(sh.what, mode == 1 ? "computing (timeline)" : "copies alone (no products)", graph,
+                P);
+    }
+  }
+  // The copies alone over the fit's matrix counts: what the launch costs without its products.
+  cuda::set_mmvq_stream_diagnostic(2, buf, cap);
+  std::printf("\n");
+  for (int k = 0; k < 2; ++k) {
+    const GgmlType t = k == 0 ? GgmlType::kQ2K : GgmlType::kQ3K;
+    const std::vector<int> ms =
+        k == 0 ? std::vector<int>{2, 4, 6, 8, 10, 12} : std::vector<int>{1, 2, 3, 4, 5, 6};
+    const int off = k == 0 ? 0 : 2 * nsel;
+    const int64_t R = k == 0 ? inter : dim, K = k == 0 ? dim : inter;
+    const double each = static_cast<double>(k == 0 ? gate_stride : down_stride);
+    std::vector<double> xs, ys;
+    for (int m : ms) {
+      const double us = bench::graph_us(
+          [&](int i, cudaStream_t st) {
+            cuda::mmvq_experts(t, table(i) + off, m, k == 0 ? x_q8 : h_q8, k == 1, y, R, K, 8, st);
+          },
+          n, s);
+      xs.push_back(m);
+      ys.push_back(us);
+      std::printf("copies-alone sweep: %s, %d matrices: %.2f us\n", k == 0 ? "Q2_K" : "Q3_K", m,
+                  us);
+    }
+    double fixed = 0, slope = 0;
+    fit_line(xs, ys, fixed, slope);
+    std::printf(
+        "copies-alone fit: %s: fixed %.2f us, %.3f us per matrix (%.0f GB/s = %.0f%% of copy per "
+        "matrix)\n",
+        k == 0 ? "Q2_K [2304, 5120]" : "Q3_K [5120, 2304]", fixed, slope, each / slope * 1e-3,
+        each / slope * 1e-3 / copy * 100);
+  }
+  MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+  cuda::set_mmvq_stream_diagnostic(0, nullptr, 0);
+  MOECHECK_CUDA_CHECK(cudaFree(buf));
+}
+
 }  // namespace
 
 int main() {
@@ -502,5 +722,8 @@ int main() {
   for (const Row& r : rows)
     std::printf("| %s | %s | %s | %.2f | %.0f | %.0f%% |\n", r.kernel.c_str(), r.shape.c_str(),
                 r.engine.c_str(), r.us, r.gbs, 100.0 * r.frac);
+  // After the table, so that a fault here leaves every figure above printed.
+  timeline_section(d_tab, gate_stride, down_stride, x_q8, h_q8, y, want_gu, want_d, inter, dim,
+                   sets, copy, s);
   return 0;
 }

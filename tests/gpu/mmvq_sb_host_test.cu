@@ -85,6 +85,27 @@ TEST(MmvqStreamStep, RejectsOtherSizes_Host) {
   for (int ok : {4, 8, 0}) EXPECT_NO_THROW(cuda::set_mmvq_stream_step(ok));
 }
 
+// The launch diagnostics' setting (cuda::set_mmvq_stream_diagnostic) takes modes 0 - 2 and,
+// for 1 and 2, a buffer of a record or more; the refusals name what was wrong and come before any
+// device call (mode 0 touches no device state).
+TEST(MmvqStreamDiagnostic, RejectsOtherModesAndMissingBuffers_Host) {
+  uint64_t word = 0;
+  for (int bad : {-1, 3, 7}) {
+    try {
+      cuda::set_mmvq_stream_diagnostic(bad, &word, 1);
+      ADD_FAILURE() << "set_mmvq_stream_diagnostic(" << bad << ") did not throw";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("found " + std::to_string(bad)), std::string::npos)
+          << e.what();
+    }
+  }
+  for (int mode : {1, 2}) {
+    EXPECT_THROW(cuda::set_mmvq_stream_diagnostic(mode, nullptr, 16), InputError) << mode;
+    EXPECT_THROW(cuda::set_mmvq_stream_diagnostic(mode, &word, 0), InputError) << mode;
+  }
+  EXPECT_NO_THROW(cuda::set_mmvq_stream_diagnostic(0, nullptr, 0));
+}
+
 // The streamed engine's split of several-token launches by work (cuda/mmvq_sb.cuh first_item),
 // on the host (no GPU needed): for random groups (0 - 8 tokens; on a third of the seeds nearly
 // all of one token, the lightest chunks), row passes and grids, the blocks' item ranges start at

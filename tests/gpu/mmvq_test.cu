@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <tuple>
+#include <utility>
 
 #include "core/error.h"
 #include "cuda/kernels.h"
@@ -311,6 +312,140 @@ TEST(MmvqDs41, SixExpertsOneLaunch_Gate2304x5120Q2K_Down5120x2304Q3K) {
       }
     }
     reset_engine();
+  }
+}
+
+// The streamed engine's launch diagnostics (cuda::set_mmvq_stream_diagnostic, read by
+// tests/bench/mmvq_bench.cu): mode 1's kernels compute what the product kernels do, bit for bit;
+// mode 2 writes no output; under both every warp of the launch leaves a record whose passes add
+// up to the launch's, whose clocks are in the kernel's order and whose steps are its passes'
+// steps. The ds41 shapes (down: 9 super-blocks a row, so the shared rem blocks) and small random
+// ones at 1 - 12 super-blocks; launches the records cannot describe throw.
+TEST(MmvqDiagnostic, TimelineKernelsComputeAsTheProductKernelsAndRecordEveryWarp) {
+  MOECHECK_REQUIRE_GPU();
+  constexpr int kW = cuda::kMmvqTimelineWords;
+  const int64_t cap = 4096;
+  DevArray<uint64_t> buf(static_cast<size_t>(cap * kW));
+  struct Case {
+    GgmlType type;
+    int64_t rows, K, n;
+    uint64_t seed;
+  };
+  std::vector<Case> cases = {{GgmlType::kQ2K, 2304, 5120, 6, 1},
+                             {GgmlType::kQ3K, 5120, 2304, 6, 2}};
+  for (uint64_t seed = 3; seed < 23; ++seed) {
+    emutest::Gen g(seed * 2654435761u);
+    cases.push_back({seed % 2 == 0 ? GgmlType::kQ2K : GgmlType::kQ3K, 1 + g.u32() % 40,
+                     kQK_K * (1 + static_cast<int64_t>(g.u32() % 12)), 1 + g.u32() % 12, seed});
+  }
+  for (const Case& c : cases) {
+    emutest::Gen g(c.seed * 7 + 1);
+    const int64_t rb = row_bytes(c.type, c.K);
+    const auto w = emutest::make_rows(g, c.type, c.n * c.rows, c.K, 0.05);
+    const bool per_expert = c.type == GgmlType::kQ3K;
+    const auto a = make_act(g, per_expert ? c.n : 1, c.K, false);
+    std::vector<const uint8_t*> hp;
+    for (int64_t i = 0; i < c.n; ++i) hp.push_back(w.data() + i * c.rows * rb);
+    std::vector<float> want(static_cast<size_t>(c.n * c.rows));
+    emu::mmvq_experts(c.type, hp.data(), c.n, a.data(), per_expert, want.data(), c.rows, c.K);
+    DevArray<uint8_t> dw(w);
+    std::vector<const uint8_t*> dp;
+    for (int64_t i = 0; i < c.n; ++i) dp.push_back(dw.get() + i * c.rows * rb);
+    DevArray<const uint8_t*> dtab(dp);
+    DevArray<BlockQ8_1> da(a);
+    const std::string r = gputest::repro(
+        c.seed, "rows=" + std::to_string(c.rows) + " K=" + std::to_string(c.K) +
+                    " n=" + std::to_string(c.n) + (c.type == GgmlType::kQ2K ? " Q2_K" : " Q3_K"));
+    const int nsb = static_cast<int>(c.K / kQK_K);
+    const int64_t steps_a_pass = nsb / 4 > 0 ? nsb / 4 : 1;  // steps of 4, the rem with the last
+    const int64_t passes = (c.rows + 7) / 8 * c.n;
+    for (int mode = 1; mode <= 2; ++mode) {
+      DevArray<float> dy(want.size());
+      buf.poison();
+      cuda::set_mmvq_stream_diagnostic(mode, buf.get(), cap);
+      cuda::mmvq_experts(c.type, dtab.get(), c.n, da.get(), per_expert, dy.get(), c.rows, c.K, 8,
+                         nullptr);
+      cuda::set_mmvq_stream_diagnostic(0, nullptr, 0);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << r;
+      const auto y = dy.host();
+      if (mode == 1) {
+        ASSERT_TRUE(same_f32("mmvq_experts (timeline kernel)", y, want, c.rows, r));
+      } else {
+        for (size_t i = 0; i < y.size(); ++i) {
+          uint32_t bits;
+          std::memcpy(&bits, &y[i], 4);
+          ASSERT_EQ(bits, 0xFFFFFFFFu) << "copies alone wrote output " << i << "; " << r;
+        }
+      }
+      const auto rec = buf.host();
+      int64_t warps = 0, sum_passes = 0;
+      std::vector<std::pair<int64_t, int64_t>> blocks;  // (record, its block)
+      for (int64_t k = 0; k < cap; ++k) {
+        const uint64_t* q = rec.data() + k * kW;
+        if (q[cuda::kTlEntryNs] == ~uint64_t{0}) continue;
+        ++warps;
+        const std::string at =
+            "mode " + std::to_string(mode) + ", warp record " + std::to_string(k) + "; " + r;
+        ASSERT_NE(q[cuda::kTlExitClk], ~uint64_t{0}) << at;
+        ASSERT_LE(q[cuda::kTlEntryNs], q[cuda::kTlExitNs]) << at;
+        blocks.emplace_back(k, static_cast<int64_t>(q[cuda::kTlSmBlock] >> 32));
+        const int64_t np = static_cast<int64_t>(q[cuda::kTlPasses]);
+        sum_passes += np;
+        if (np == 0) continue;
+        ASSERT_EQ(static_cast<int64_t>(q[cuda::kTlSteps]), np * steps_a_pass) << at;
+        std::vector<uint64_t> order = {q[cuda::kTlEntryClk], q[cuda::kTlIssuedClk],
+                                       q[cuda::kTlPdlClk], q[cuda::kTlStagedClk],
+                                       q[cuda::kTlFirstDataClk]};
+        for (int64_t j = 0; j < np && j < cuda::kTlPassEnds; ++j)
+          order.push_back(q[cuda::kTlPassEnd0 + j]);
+        order.push_back(q[cuda::kTlExitClk]);
+        for (size_t i = 1; i < order.size(); ++i)
+          ASSERT_LE(order[i - 1], order[i]) << "clock " << i << " before " << i - 1 << "; " << at;
+        ASSERT_LE(q[cuda::kTlWaitClk] + q[cuda::kTlComputeClk],
+                  q[cuda::kTlExitClk] - q[cuda::kTlEntryClk])
+            << at;
+      }
+      ASSERT_GT(warps, 0) << r;
+      ASSERT_EQ(warps % 4, 0) << "whole blocks of 4, 8, 12 or 16 warps; " << r;
+      // Record k is warp k % W of block k / W, W the warps a block: the records of each block.
+      const int64_t nb = blocks.back().second + 1, wpb = warps / nb;
+      ASSERT_EQ(wpb * nb, warps) << r;
+      for (const auto& [k, b] : blocks) ASSERT_EQ(b, k / wpb) << "record " << k << "; " << r;
+      ASSERT_EQ(sum_passes, passes) << "mode " << mode << "; " << r;
+    }
+  }
+  // Launches the records cannot describe: several-token groups, steps of 8, too small a buffer.
+  {
+    emutest::Gen g(99);
+    const int64_t K = 2048, rows = 16;
+    const auto w = emutest::make_rows(g, GgmlType::kQ2K, rows, K, 0.0);
+    const auto a = make_act(g, 4, K, false);
+    DevArray<uint8_t> dw(w);
+    DevArray<const uint8_t*> dtab(std::vector<const uint8_t*>{dw.get()});
+    DevArray<BlockQ8_1> da(a);
+    DevArray<float> dy(static_cast<size_t>(4 * rows));
+    std::vector<MmvqGroup> groups(1);
+    groups[0].slot = 0;
+    groups[0].n = 4;
+    for (int i = 0; i < 4; ++i) groups[0].a_row[i] = groups[0].y_row[i] = i;
+    DevArray<MmvqGroup> dg(groups);
+    cuda::set_mmvq_stream_diagnostic(1, buf.get(), cap);
+    EXPECT_THROW(cuda::mmvq_groups(GgmlType::kQ2K, dtab.get(), dg.get(), 1, 4, da.get(), dy.get(),
+                                   rows, K, 8, nullptr),
+                 InputError);
+    cuda::set_mmvq_stream_step(8);
+    EXPECT_THROW(cuda::mmvq_experts(GgmlType::kQ2K, dtab.get(), 1, da.get(), false, dy.get(), rows,
+                                    K, 8, nullptr),
+                 InputError);
+    cuda::set_mmvq_stream_step(0);
+    cuda::set_mmvq_stream_diagnostic(1, buf.get(), 3);
+    EXPECT_THROW(cuda::mmvq_experts(GgmlType::kQ2K, dtab.get(), 1, da.get(), false, dy.get(), rows,
+                                    K, 8, nullptr),
+                 InputError);
+    cuda::set_mmvq_stream_diagnostic(0, nullptr, 0);
+    cuda::mmvq_experts(GgmlType::kQ2K, dtab.get(), 1, da.get(), false, dy.get(), rows, K, 8,
+                       nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
 }
 
