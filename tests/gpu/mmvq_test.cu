@@ -323,6 +323,12 @@ TEST(MmvqDs41, SixExpertsOneLaunch_Gate2304x5120Q2K_Down5120x2304Q3K) {
 // ones at 1 - 12 super-blocks; launches the records cannot describe throw.
 TEST(MmvqDiagnostic, TimelineKernelsComputeAsTheProductKernelsAndRecordEveryWarp) {
   MOECHECK_REQUIRE_GPU();
+  struct Reset {  // the process's settings as before, whatever fails
+    ~Reset() {
+      cuda::set_mmvq_stream_diagnostic(0, nullptr, 0);
+      cuda::set_mmvq_stream_step(0);
+    }
+  } reset;
   constexpr int kW = cuda::kMmvqTimelineWords;
   const int64_t cap = 4096;
   DevArray<uint64_t> buf(static_cast<size_t>(cap * kW));
