@@ -725,8 +725,8 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
 #pragma unroll 1
       for (int i = 0; i < ncb; ++i) class_block(i);
     }
-    if (kDiag != 2 && rem != 0 &&
-        q == nq - 1) {  // the rem super-blocks, shared by the row's four lanes
+    // The rem super-blocks, shared by the row's four lanes (copies alone: none).
+    if (kDiag != 2 && rem != 0 && q == nq - 1) {
       // Their blocks follow the step's class blocks (or start the stage when the row has fewer
       // than 4); each chain meets them after its class's blocks of this step, in increasing sb.
       // Each block's weight words are formed once for the pass's tokens; each token's chains

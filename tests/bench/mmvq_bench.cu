@@ -115,6 +115,17 @@ void fit_line(const std::vector<double>& xs, const std::vector<double>& ys, doub
   fixed = my - slope * mx;
 }
 
+// Fits the sweep's (matrices, us) as fit_line does and prints "<label>: fixed .. us, .. us per
+// matrix (.. GB/s = ..% of copy per matrix)", bytes_each the bytes a matrix adds (moved or read).
+void print_fit(const std::string& label, const std::vector<double>& xs,
+               const std::vector<double>& ys, double bytes_each, double copy) {
+  double fixed = 0, slope = 0;
+  fit_line(xs, ys, fixed, slope);
+  std::printf("%s: fixed %.2f us, %.3f us per matrix (%.0f GB/s = %.0f%% of copy per matrix)\n",
+              label.c_str(), fixed, slope, bytes_each / slope * 1e-3,
+              bytes_each / slope * 1e-3 / copy * 100);
+}
+
 // The one-token launch, warp by warp (cuda::set_mmvq_stream_diagnostic). Where a launch's
 // fixed cost (the fit above: about 11 us for Q2_K, 8 us for Q3_K, against 2 - 2.5 us for a plain
 // read of the same bytes) goes: each warp records when it started, issued its first copies,
@@ -322,13 +333,9 @@ void timeline_section(const uint8_t** d_tab, int64_t gate_stride, int64_t down_s
       std::printf("copies-alone sweep: %s, %d matrices: %.2f us\n", k == 0 ? "Q2_K" : "Q3_K", m,
                   us);
     }
-    double fixed = 0, slope = 0;
-    fit_line(xs, ys, fixed, slope);
-    std::printf(
-        "copies-alone fit: %s: fixed %.2f us, %.3f us per matrix (%.0f GB/s = %.0f%% of copy per "
-        "matrix)\n",
-        k == 0 ? "Q2_K [2304, 5120]" : "Q3_K [5120, 2304]", fixed, slope, each / slope * 1e-3,
-        each / slope * 1e-3 / copy * 100);
+    print_fit(
+        std::string("copies-alone fit: ") + (k == 0 ? "Q2_K [2304, 5120]" : "Q3_K [5120, 2304]"),
+        xs, ys, each, copy);
   }
   MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
   cuda::set_mmvq_stream_diagnostic(0, nullptr, 0);
@@ -469,13 +476,7 @@ int main() {
         ys.push_back(us);
         std::printf("fixed-cost sweep (%s): %s, %d matrices: %.2f us\n", en, what, m, us);
       }
-      double fixed = 0, slope = 0;
-      fit_line(xs, ys, fixed, slope);
-      std::printf(
-          "fixed-cost fit (%s): %s: fixed %.2f us, %.3f us per matrix (%.0f GB/s = %.0f%% of "
-          "copy per matrix)\n",
-          en, what, fixed, slope, bytes_each / slope * 1e-3,
-          bytes_each / slope * 1e-3 / copy * 100);
+      print_fit(std::string("fixed-cost fit (") + en + "): " + what, xs, ys, bytes_each, copy);
     };
     fit("Q2_K [2304, 5120]", GgmlType::kQ2K, 0, {2, 4, 6, 8, 10, 12}, inter, dim, x_q8, false,
         static_cast<double>(gate_stride));
@@ -595,13 +596,8 @@ int main() {
                             traffic / us * 1e-3 / copy});
           }
         }
-        double fixed = 0, slope = 0;
-        fit_line(xs, ys, fixed, slope);
         const double per = (kind == 0 ? 2.0 : 1.0) * static_cast<double>(sh.each);
-        std::printf(
-            "size-matched fit (%s): %s: fixed %.2f us, %.3f us per matrix (%.0f GB/s = %.0f%% of "
-            "copy per matrix)\n",
-            kn, sh.what, fixed, slope, per / slope * 1e-3, per / slope * 1e-3 / copy * 100);
+        print_fit(std::string("size-matched fit (") + kn + "): " + sh.what, xs, ys, per, copy);
       }
     }
     MOECHECK_CUDA_CHECK(cudaFree(dst));
