@@ -495,7 +495,7 @@ __device__ __forceinline__ uint32_t sm_id() {
 // parameter).
 template <GgmlType kType, int kWarps, bool kPrefix, int kTok, int kPer, int kDiag = 0>
 __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
-    mmvq_sb_kernel(MmvqParams p, int stages, int n_act, bool early) {
+    mmvq_sb_kernel(MmvqParams p, int stages, int n_act, bool early, int head) {
   static_assert(kTok == 1 || (kPrefix && kTok <= kPassTokens));
   static_assert(kPer == 1 || kPer == 2);
   static_assert(kDiag == 0 || (!kPrefix && kTok == 1 && kPer == 1));
@@ -624,20 +624,26 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
       bulk::copy(ring + k * L.stage + lane * kS, reinterpret_cast<const void*>(a), size, bar + k);
   };
 
-  // The rings start filling before the activation is staged.
+  // The ring's head (its first `head` steps, 0 .. stages) starts filling before the activation
+  // is staged; the rest of the ring right after. The block's staging reads come back through the
+  // same path as the bytes already asked for, so the head decides how long the staging waits
+  // behind them (Settings::head).
   if (lane == 0) {
     for (int k = 0; k < stages; ++k) bulk::bar_init(bar + k, 1);
     bulk::fence_bar_init();
   }
   __syncwarp();
   int ij = 0, iq = 0;  // the next step to issue
-  for (int k = 0; k < stages && k < steps; ++k) {
-    issue(ij, iq, k);
-    if (++iq == nq) {
-      iq = 0;
-      ++ij;
+  auto fill = [&](int k0, int k1) {
+    for (int k = k0; k < k1 && k < steps; ++k) {
+      issue(ij, iq, k);
+      if (++iq == nq) {
+        iq = 0;
+        ++ij;
+      }
     }
-  }
+  };
+  fill(0, head);
   if constexpr (kDiag != 0) mark(kTlIssuedClk, clock64());
   if (early) {
     pdl::wait();
@@ -660,6 +666,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
     mark(kTlPasses, static_cast<uint64_t>(n_pass));
     mark(kTlSteps, static_cast<uint64_t>(steps));
   }
+  fill(head, stages);
   [[maybe_unused]] uint64_t wait_clk = 0, compute_clk = 0, t_data = 0;
 
   int64_t group = -1, cur = -1;
@@ -829,7 +836,8 @@ void launch_per(const MmvqParams& p, const Geometry& g, void* stream) {
   }
   pdl::launch(kernel, dim3(static_cast<unsigned>(g.grid)), dim3(kWarps * kWarpSize),
               static_cast<size_t>(g.bytes), as_stream(stream), p, g.stages, g.n_act,
-              pdl::mode() == pdl::Mode::kEarlyReads);
+              pdl::mode() == pdl::Mode::kEarlyReads,
+              g_settings.head < 0 || g_settings.head > g.stages ? g.stages : g_settings.head);
 }
 
 template <GgmlType kType, int kWarps, bool kPrefix, int kTok>
@@ -894,6 +902,15 @@ void set_step(int blocks) {
     throw InputError("cuda::set_mmvq_stream_step: super-blocks a step must be 0, 4 or 8, found " +
                      std::to_string(blocks));
   g_settings.step = blocks;
+}
+
+void set_head(int steps) {
+  if (steps < -1 || steps > 8)
+    throw InputError(
+        "cuda::set_mmvq_stream_head: steps before the staging must be -1 (the "
+        "default) or in [0, 8], found " +
+        std::to_string(steps));
+  g_settings.head = steps;
 }
 
 void set_diagnostic(int mode, uint64_t* buffer, int64_t capacity_warps) {

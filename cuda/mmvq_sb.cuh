@@ -208,6 +208,7 @@ struct Settings {
   int pass_tokens = 0;
   bool whole_sm = false;
   int step = 0;
+  int head = -1;  // steps a warp issues before the activation staging (-1: all its stages)
 };
 
 // Groups of several tokens: the blocks' token and chunk prefixes (cuda/mmvq_sb.cu's Pairs).
@@ -324,6 +325,7 @@ inline bool choose(const mmvq_tiles::MmvqParams& p, GgmlType t, int warps, int s
 void set_pass_shape(int pass_tokens, bool whole_sm);
 // cuda::set_mmvq_stream_step (cuda/kernels.h).
 void set_step(int blocks);
+void set_head(int steps);
 // cuda::set_mmvq_stream_diagnostic (cuda/kernels.h).
 void set_diagnostic(int mode, uint64_t* buffer, int64_t capacity_warps);
 

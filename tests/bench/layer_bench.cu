@@ -148,7 +148,8 @@ double router_us(const LayerWeights& w) {
 // stream_tokens = 0.. (cuda::set_mmvq_stream_layer_tokens: the streamed MMVQ above 8 tokens),
 // whole_sm = 0 / 1 and pass_tokens = 0..2 (cuda::set_mmvq_stream_pass_shape; whole_sm first),
 // router_gemm = 0 / 1 (cuda::set_router_gemm: the staged router's GEMM above 8 tokens), step = 0 /
-// 4 / 8 (cuda::set_mmvq_stream_step: the streamed MMVQ's super-blocks a row a step).
+// 4 / 8 (cuda::set_mmvq_stream_step: the streamed MMVQ's super-blocks a row a step), head = -1..8
+// (cuda::set_mmvq_stream_head: the steps a warp issues before its block stages the activations).
 static bool apply_keys(const std::vector<std::string>& kv, cuda::LayerOptions& lo,
                        const char* mode) {
   bool whole_sm = false;
@@ -171,6 +172,8 @@ static bool apply_keys(const std::vector<std::string>& kv, cuda::LayerOptions& l
     else if (k == "stream_tokens" && v >= 0) cuda::set_mmvq_stream_layer_tokens(v);
     else if (k == "router_gemm" && (v == 0 || v == 1)) cuda::set_router_gemm(v == 1);
     else if (k == "step" && (v == 0 || v == 4 || v == 8)) cuda::set_mmvq_stream_step(v);
+    else if (k == "head" && eq != std::string::npos && v >= -1 && v <= 8)
+      cuda::set_mmvq_stream_head(v);
     else if (k == "pass_tokens" && v >= 0 && v <= 2) cuda::set_mmvq_stream_pass_shape(v, whole_sm);
     else if (k == "whole_sm" && (v == 0 || v == 1)) {
       whole_sm = v == 1;
@@ -259,19 +262,11 @@ int main(int argc, char** argv) {
     // rows, set beside another build's in the same call.
     // Passes 1 and 2 also time the 2 - 8 token GEMV with as many blocks a multiprocessor as fit
     // (cuda::set_bf16_gemv_tokens_blocks(32); the default leaves one selection block's room).
-    // `layer_bench quick step=N`: the streamed MMVQ's steps forced (cuda::set_mmvq_stream_step).
-    if (argc > 2) {
-      const std::string a = argv[2];
-      const int v = a.rfind("step=", 0) == 0 ? std::atoi(a.c_str() + 5) : -1;
-      if (v != 0 && v != 4 && v != 8) {
-        std::fprintf(stderr, "layer_bench quick: unknown option '%s' (step=0, 4 or 8)\n",
-                     a.c_str());
-        return 2;
-      }
-      cuda::set_mmvq_stream_step(v);
-    }
+    // `layer_bench quick key=value ...`: the keys of trace and profile (apply_keys; e.g. step=N,
+    // head=N).
     cuda::LayerOptions lo;
     lo.route = RoutePlace::kDevice;
+    if (!apply_keys(std::vector<std::string>(argv + 2, argv + argc), lo, "quick")) return 2;
     for (int pass = 1; pass <= 3; ++pass) {
       const std::string p = " quick pass " + std::to_string(pass);
       for (const int64_t T : {1, 2, 3, 4, 5, 6, 7, 8})

@@ -342,6 +342,103 @@ void timeline_section(const uint8_t** d_tab, int64_t gate_stride, int64_t down_s
   MOECHECK_CUDA_CHECK(cudaFree(buf));
 }
 
+// The ring's head (cuda::set_mmvq_stream_head): how many steps each warp issues before its block
+// stages the activations, the rest of the ring issued right after. The timelines above put the
+// first products 9 us into a gate + up launch: the prologue asks for all three stages (384 bulk
+// copies a multiprocessor, about 134 KB) and the staging's reads come back behind them. Each head
+// in turn, twice over (interleaved against drift): every shape first bitwise equal to the
+// emulation, then graph-replayed; gate + up and down recorded (mode 1, p50 of each phase over the
+// pooled warps) and their copies alone (mode 2) replayed.
+void head_section(const uint8_t** d_tab, const BlockQ8_1* x_q8, const BlockQ8_1* h_q8, float* y,
+                  const std::vector<float>& want_gu, const std::vector<float>& want_d,
+                  int64_t inter, int64_t dim, int64_t sets, double copy, double gate_bytes,
+                  double down_bytes, cudaStream_t s) {
+  int sms = 0, dev = 0;
+  MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
+  MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t cap = static_cast<int64_t>(sms) * 16;
+  uint64_t* buf = nullptr;
+  const size_t buf_bytes = static_cast<size_t>(cap) * cuda::kMmvqTimelineWords * sizeof(uint64_t);
+  MOECHECK_CUDA_CHECK(cudaMalloc(&buf, buf_bytes));
+  const int nsel = 6, n = 4 * static_cast<int>(sets), reps = 7;
+  auto table = [&](int64_t i) { return d_tab + (i % sets) * 3 * nsel; };
+  struct Shape {
+    const char* what;
+    GgmlType t;
+    int off, m;
+    int64_t R, K;
+    const BlockQ8_1* a;
+    bool per_expert, record;
+    double bytes;
+  };
+  const Shape shapes[] = {
+      {"gate+up 12 x Q2_K", GgmlType::kQ2K, 0, 12, inter, dim, x_q8, false, true, 12 * gate_bytes},
+      {"gate 6 x Q2_K", GgmlType::kQ2K, 0, 6, inter, dim, x_q8, false, false, 6 * gate_bytes},
+      {"2 x Q2_K", GgmlType::kQ2K, 0, 2, inter, dim, x_q8, false, false, 2 * gate_bytes},
+      {"down 6 x Q3_K", GgmlType::kQ3K, 2 * nsel, 6, dim, inter, h_q8, true, true, 6 * down_bytes},
+      {"1 x Q3_K", GgmlType::kQ3K, 2 * nsel, 1, dim, inter, h_q8, true, false, down_bytes}};
+  std::printf("\n### mmvq_bench: the ring's head (copy %.0f GB/s)\n\n", copy);
+  std::printf(
+      "| round | ring | head | shape | us / launch | of copy | copies alone us | p50 issued | p50 "
+      "staged | p50 first bytes | p50 pass 1 | p50 tail | span p50 |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  // Rings: the default (16 warps x 3 stages for these shapes), 16 x 2 and 12 x 4.
+  const int rings[][2] = {{0, 0}, {16, 2}, {12, 4}};
+  for (int round = 1; round <= 2; ++round) {
+    for (const auto& ring : rings) {
+      cuda::set_mmvq_stream_shape(ring[0], ring[1]);
+      const std::string rn =
+          ring[0] == 0 ? "default" : std::to_string(ring[0]) + "x" + std::to_string(ring[1]);
+      for (int head : {-1, 0, 1, 2}) {
+        cuda::set_mmvq_stream_head(head);
+        for (const Shape& sh : shapes) {
+          auto run = [&](const uint8_t** tab, cudaStream_t st) {
+            cuda::mmvq_experts(sh.t, tab + sh.off, sh.m, sh.a, sh.per_expert, y, sh.R, sh.K, 8, st);
+          };
+          MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+          run(d_tab, s);
+          MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+          const std::vector<float>& want = sh.t == GgmlType::kQ2K ? want_gu : want_d;
+          bench::require_emu_bits(std::string("head ") + std::to_string(head) + ", " + sh.what, y,
+                                  std::vector<float>(want.begin(), want.begin() + sh.m * sh.R));
+          const double us =
+              bench::graph_us([&](int i, cudaStream_t st) { run(table(i), st); }, n, s);
+          const double frac = sh.bytes / us * 1e-3 / copy;
+          std::printf("| %d | %s | %d | %s | %.2f | %.0f%% |", round, rn.c_str(), head, sh.what, us,
+                      100 * frac);
+          if (!sh.record) {
+            std::printf(" | | | | | | |\n");
+            continue;
+          }
+          MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+          cuda::set_mmvq_stream_diagnostic(2, buf, cap);
+          const double alone =
+              bench::graph_us([&](int i, cudaStream_t st) { run(table(i), st); }, n, s);
+          tl::Pool P;
+          for (int r = 0; r < reps; ++r) {
+            MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+            cuda::set_mmvq_stream_diagnostic(0, nullptr, 0);
+            MOECHECK_CUDA_CHECK(cudaMemsetAsync(buf, 0xFF, buf_bytes, s));
+            run(table(2 * r + 1), s);  // the predecessor, as in a replay
+            cuda::set_mmvq_stream_diagnostic(1, buf, cap);
+            run(table(2 * r + 2), s);
+            MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+            tl::add(bench::to_host<tl::Rec>(buf, static_cast<size_t>(cap)), P);
+          }
+          cuda::set_mmvq_stream_diagnostic(0, nullptr, 0);
+          std::printf(" %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", alone,
+                      tl::pct(P.issued, 0.5), tl::pct(P.staged, 0.5), tl::pct(P.first, 0.5),
+                      tl::pct(P.pass1, 0.5), tl::pct(P.tail, 0.5), tl::pct(P.spans, 0.5));
+        }
+      }
+    }
+  }
+  MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+  cuda::set_mmvq_stream_head(-1);
+  cuda::set_mmvq_stream_shape(0, 0);
+  MOECHECK_CUDA_CHECK(cudaFree(buf));
+}
+
 }  // namespace
 
 int main() {
@@ -721,5 +818,7 @@ int main() {
   // After the table, so that a fault here leaves every figure above printed.
   timeline_section(d_tab, gate_stride, down_stride, x_q8, h_q8, y, want_gu, want_d, inter, dim,
                    sets, copy, s);
+  head_section(d_tab, x_q8, h_q8, y, want_gu, want_d, inter, dim, sets, copy,
+               static_cast<double>(gate_stride), static_cast<double>(down_stride), s);
   return 0;
 }

@@ -85,6 +85,21 @@ TEST(MmvqStreamStep, RejectsOtherSizes_Host) {
   for (int ok : {4, 8, 0}) EXPECT_NO_THROW(cuda::set_mmvq_stream_step(ok));
 }
 
+// The streamed engine's ring head (cuda::set_mmvq_stream_head) takes -1 (the whole ring first) or
+// 0 - 8 steps and names the others.
+TEST(MmvqStreamHead, RejectsOtherCounts_Host) {
+  for (int bad : {-2, 9, 100}) {
+    try {
+      cuda::set_mmvq_stream_head(bad);
+      ADD_FAILURE() << "set_mmvq_stream_head(" << bad << ") did not throw";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("found " + std::to_string(bad)), std::string::npos)
+          << e.what();
+    }
+  }
+  for (int ok : {0, 1, 8, -1}) EXPECT_NO_THROW(cuda::set_mmvq_stream_head(ok));
+}
+
 // The launch diagnostics' setting (cuda::set_mmvq_stream_diagnostic) takes modes 0 - 2 and,
 // for 1 and 2, a buffer of a record or more; the refusals name what was wrong and come before any
 // device call (mode 0 touches no device state).
