@@ -162,9 +162,9 @@ int mmvq_stream_pass_tokens(int64_t layer_tokens);
 // Process-wide, not thread-safe.
 void set_mmvq_stream_step(int blocks);
 // The streamed engine's ring head: the steps each warp issues before the block stages its
-// activations (0 .. stages; more than the launch's stages: all of them), the rest of its ring
-// issued right after the staging; -1, the default, issues the whole ring first. For benchmarks
-// and tests; no bit depends on it. Process-wide, not thread-safe.
+// activations (0 .. stages; more than the launch's stages: all of them, the engine's order before
+// 2026-12-05), the rest of its ring issued right after the staging; -1 the default (one step).
+// For benchmarks and tests; no bit depends on it. Process-wide, not thread-safe.
 void set_mmvq_stream_head(int steps);
 // Diagnostics of the streamed engine's one-token launches (tests/bench/mmvq_bench.cu "The
 // one-token launch, warp by warp"): mode 0 (the default) off; 1: every warp of each launch

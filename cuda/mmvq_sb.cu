@@ -52,6 +52,7 @@
 
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <string>
 
 #include "core/error.h"
@@ -624,10 +625,11 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
       bulk::copy(ring + k * L.stage + lane * kS, reinterpret_cast<const void*>(a), size, bar + k);
   };
 
-  // The ring's head (its first `head` steps, 0 .. stages) starts filling before the activation
-  // is staged; the rest of the ring right after. The block's staging reads come back through the
-  // same path as the bytes already asked for, so the head decides how long the staging waits
-  // behind them (Settings::head).
+  // The ring's head (its first `head` steps, 0 .. stages; Settings::head, kDefaultHead) starts
+  // filling before the activation is staged, the rest of the ring right after. Each step issued
+  // first delays the staging (its copies are accepted only as the memory system drains the ones
+  // before), and with it the first products and the loop's next copies (docs/performance.md,
+  // "The ring's head").
   if (lane == 0) {
     for (int k = 0; k < stages; ++k) bulk::bar_init(bar + k, 1);
     bulk::fence_bar_init();
@@ -837,7 +839,7 @@ void launch_per(const MmvqParams& p, const Geometry& g, void* stream) {
   pdl::launch(kernel, dim3(static_cast<unsigned>(g.grid)), dim3(kWarps * kWarpSize),
               static_cast<size_t>(g.bytes), as_stream(stream), p, g.stages, g.n_act,
               pdl::mode() == pdl::Mode::kEarlyReads,
-              g_settings.head < 0 || g_settings.head > g.stages ? g.stages : g_settings.head);
+              g_settings.head < 0 ? kDefaultHead : std::min(g_settings.head, g.stages));
 }
 
 template <GgmlType kType, int kWarps, bool kPrefix, int kTok>

@@ -20,6 +20,9 @@ constexpr int kChunkSb = 4;  // super-blocks of a row in a step of one a class (
 constexpr int kPassRows = 8;  // rows per pass: lane = 4 row + class
 constexpr int kSmemMax = 227 * 1024;
 constexpr int kDefaultWarps = 16, kDefaultStages = 3;
+// Steps a warp issues before its block stages the activations (Settings::head; measured against
+// the whole ring first in docs/performance.md "The ring's head").
+constexpr int kDefaultHead = 1;
 // Launches with groups of several tokens: the most tokens a pass computes (its chunk).
 constexpr int kPassTokens = 2;
 // Groups of several tokens: the most groups a launch may have (the blocks' prefix of their token
@@ -208,7 +211,7 @@ struct Settings {
   int pass_tokens = 0;
   bool whole_sm = false;
   int step = 0;
-  int head = -1;  // steps a warp issues before the activation staging (-1: all its stages)
+  int head = -1;  // steps a warp issues before the activation staging (-1: kDefaultHead)
 };
 
 // Groups of several tokens: the blocks' token and chunk prefixes (cuda/mmvq_sb.cu's Pairs).

@@ -343,12 +343,13 @@ void timeline_section(const uint8_t** d_tab, int64_t gate_stride, int64_t down_s
 }
 
 // The ring's head (cuda::set_mmvq_stream_head): how many steps each warp issues before its block
-// stages the activations, the rest of the ring issued right after. The timelines above put the
-// first products 9 us into a gate + up launch: the prologue asks for all three stages (384 bulk
-// copies a multiprocessor, about 134 KB) and the staging's reads come back behind them. Each head
-// in turn, twice over (interleaved against drift): every shape first bitwise equal to the
-// emulation, then graph-replayed; gate + up and down recorded (mode 1, p50 of each phase over the
-// pooled warps) and their copies alone (mode 2) replayed.
+// stages the activations, the rest of the ring issued right after. With the whole ring first
+// (head 8, the order before 2026-12-05) a gate + up launch's first products came 9 us in: the
+// prologue asks for all three stages (384 bulk copies a multiprocessor, about 134 KB) before the
+// staging. The default is one step. Heads 8, 0, 1 and 2 at the default ring (16 warps x 3 stages
+// here), 16 x 2 and 12 x 4, twice over (interleaved against drift): every shape first bitwise equal
+// to the emulation, then graph-replayed; gate + up and down recorded (mode 1, p50 of each phase
+// over the pooled warps) and their copies alone (mode 2) replayed.
 void head_section(const uint8_t** d_tab, const BlockQ8_1* x_q8, const BlockQ8_1* h_q8, float* y,
                   const std::vector<float>& want_gu, const std::vector<float>& want_d,
                   int64_t inter, int64_t dim, int64_t sets, double copy, double gate_bytes,
@@ -389,7 +390,7 @@ void head_section(const uint8_t** d_tab, const BlockQ8_1* x_q8, const BlockQ8_1*
       cuda::set_mmvq_stream_shape(ring[0], ring[1]);
       const std::string rn =
           ring[0] == 0 ? "default" : std::to_string(ring[0]) + "x" + std::to_string(ring[1]);
-      for (int head : {-1, 0, 1, 2}) {
+      for (int head : {8, 0, 1, 2}) {
         cuda::set_mmvq_stream_head(head);
         for (const Shape& sh : shapes) {
           auto run = [&](const uint8_t** tab, cudaStream_t st) {
