@@ -85,8 +85,8 @@ TEST(MmvqStreamStep, RejectsOtherSizes_Host) {
   for (int ok : {4, 8, 0}) EXPECT_NO_THROW(cuda::set_mmvq_stream_step(ok));
 }
 
-// The streamed engine's ring head (cuda::set_mmvq_stream_head) takes -1 (the whole ring first) or
-// 0 - 8 steps and names the others.
+// The streamed engine's ring head (cuda::set_mmvq_stream_head) takes -1 (the default) or 0 - 8
+// steps and names the others.
 TEST(MmvqStreamHead, RejectsOtherCounts_Host) {
   for (int bad : {-2, 9, 100}) {
     try {
