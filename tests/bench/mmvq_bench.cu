@@ -250,6 +250,28 @@ void print(const char* what, const char* mode, double graph, const Pool& P) {
   std::printf("\n");
 }
 
+// Records `reps` launches (launch(i, stream) launches on weight set i) under diagnostic mode
+// `mode` into one Pool, each after an ordinary launch on another weight set (its predecessor, as
+// in the graph replays); the buffer (cap warps' records) is cleared before each. Leaves the
+// diagnostic off.
+template <class Launch>
+Pool record(const Launch& launch, int mode, uint64_t* buf, int64_t cap, int reps, cudaStream_t s) {
+  const size_t bytes = static_cast<size_t>(cap) * cuda::kMmvqTimelineWords * sizeof(uint64_t);
+  Pool P;
+  for (int r = 0; r < reps; ++r) {
+    MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+    cuda::set_mmvq_stream_diagnostic(0, nullptr, 0);
+    MOECHECK_CUDA_CHECK(cudaMemsetAsync(buf, 0xFF, bytes, s));
+    launch(2 * r + 1, s);
+    cuda::set_mmvq_stream_diagnostic(mode, buf, cap);
+    launch(2 * r + 2, s);
+    MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+    add(bench::to_host<Rec>(buf, static_cast<size_t>(cap)), P);
+  }
+  cuda::set_mmvq_stream_diagnostic(0, nullptr, 0);
+  return P;
+}
+
 }  // namespace tl
 
 void timeline_section(const uint8_t** d_tab, int64_t gate_stride, int64_t down_stride,
@@ -296,17 +318,8 @@ void timeline_section(const uint8_t** d_tab, int64_t gate_stride, int64_t down_s
       }
       const double graph =
           bench::graph_us([&](int i, cudaStream_t st) { run(table(i), st); }, n, s);
-      tl::Pool P;
-      for (int r = 0; r < reps; ++r) {
-        MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-        cuda::set_mmvq_stream_diagnostic(0, nullptr, 0);
-        MOECHECK_CUDA_CHECK(cudaMemsetAsync(buf, 0xFF, buf_bytes, s));
-        run(table(2 * r + 1), s);  // the predecessor, as in a replay
-        cuda::set_mmvq_stream_diagnostic(mode, buf, cap);
-        run(table(2 * r + 2), s);
-        MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-        tl::add(bench::to_host<tl::Rec>(buf, static_cast<size_t>(cap)), P);
-      }
+      const tl::Pool P = tl::record([&](int64_t i, cudaStream_t st) { run(table(i), st); }, mode,
+                                    buf, cap, reps, s);
       tl::print(sh.what, mode == 1 ? "computing (timeline)" : "copies alone (no products)", graph,
                 P);
     }
@@ -415,18 +428,8 @@ void head_section(const uint8_t** d_tab, const BlockQ8_1* x_q8, const BlockQ8_1*
           cuda::set_mmvq_stream_diagnostic(2, buf, cap);
           const double alone =
               bench::graph_us([&](int i, cudaStream_t st) { run(table(i), st); }, n, s);
-          tl::Pool P;
-          for (int r = 0; r < reps; ++r) {
-            MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-            cuda::set_mmvq_stream_diagnostic(0, nullptr, 0);
-            MOECHECK_CUDA_CHECK(cudaMemsetAsync(buf, 0xFF, buf_bytes, s));
-            run(table(2 * r + 1), s);  // the predecessor, as in a replay
-            cuda::set_mmvq_stream_diagnostic(1, buf, cap);
-            run(table(2 * r + 2), s);
-            MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-            tl::add(bench::to_host<tl::Rec>(buf, static_cast<size_t>(cap)), P);
-          }
-          cuda::set_mmvq_stream_diagnostic(0, nullptr, 0);
+          const tl::Pool P = tl::record([&](int64_t i, cudaStream_t st) { run(table(i), st); }, 1,
+                                        buf, cap, reps, s);
           std::printf(" %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", alone,
                       tl::pct(P.issued, 0.5), tl::pct(P.staged, 0.5), tl::pct(P.first, 0.5),
                       tl::pct(P.pass1, 0.5), tl::pct(P.tail, 0.5), tl::pct(P.spans, 0.5));
