@@ -5,6 +5,7 @@
 // tests/gpu/mmvq_test.cu's.
 #include <algorithm>
 #include <cstdio>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -71,32 +72,34 @@ TEST(MmvqStreamStep, PlansTakeEverySuperBlockOnceInChainOrder_Host) {
   }
 }
 
-// The streamed engine's step setting takes 0, 4 or 8 super-blocks and names the others.
-TEST(MmvqStreamStep, RejectsOtherSizes_Host) {
-  for (int bad : {-1, 1, 2, 3, 5, 12, 16}) {
+// Each of `bad` given to set (one of the process-wide settings, `name`) throws InputError whose
+// message names the value ("found <v>").
+template <class Set>
+void expect_refusals_name_the_value(const char* name, std::initializer_list<int> bad,
+                                    const Set& set) {
+  for (int v : bad) {
     try {
-      cuda::set_mmvq_stream_step(bad);
-      ADD_FAILURE() << "set_mmvq_stream_step(" << bad << ") did not throw";
+      set(v);
+      ADD_FAILURE() << name << "(" << v << ") did not throw";
     } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find("found " + std::to_string(bad)), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("found " + std::to_string(v)), std::string::npos)
           << e.what();
     }
   }
+}
+
+// The streamed engine's step setting takes 0, 4 or 8 super-blocks and names the others.
+TEST(MmvqStreamStep, RejectsOtherSizes_Host) {
+  expect_refusals_name_the_value("set_mmvq_stream_step", {-1, 1, 2, 3, 5, 12, 16},
+                                 [](int v) { cuda::set_mmvq_stream_step(v); });
   for (int ok : {4, 8, 0}) EXPECT_NO_THROW(cuda::set_mmvq_stream_step(ok));
 }
 
 // The streamed engine's ring head (cuda::set_mmvq_stream_head) takes -1 (the default) or 0 - 8
 // steps and names the others.
 TEST(MmvqStreamHead, RejectsOtherCounts_Host) {
-  for (int bad : {-2, 9, 100}) {
-    try {
-      cuda::set_mmvq_stream_head(bad);
-      ADD_FAILURE() << "set_mmvq_stream_head(" << bad << ") did not throw";
-    } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find("found " + std::to_string(bad)), std::string::npos)
-          << e.what();
-    }
-  }
+  expect_refusals_name_the_value("set_mmvq_stream_head", {-2, 9, 100},
+                                 [](int v) { cuda::set_mmvq_stream_head(v); });
   for (int ok : {0, 1, 8, -1}) EXPECT_NO_THROW(cuda::set_mmvq_stream_head(ok));
 }
 
@@ -105,15 +108,8 @@ TEST(MmvqStreamHead, RejectsOtherCounts_Host) {
 // device call (mode 0 touches no device state).
 TEST(MmvqStreamDiagnostic, RejectsOtherModesAndMissingBuffers_Host) {
   uint64_t word = 0;
-  for (int bad : {-1, 3, 7}) {
-    try {
-      cuda::set_mmvq_stream_diagnostic(bad, &word, 1);
-      ADD_FAILURE() << "set_mmvq_stream_diagnostic(" << bad << ") did not throw";
-    } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find("found " + std::to_string(bad)), std::string::npos)
-          << e.what();
-    }
-  }
+  expect_refusals_name_the_value("set_mmvq_stream_diagnostic", {-1, 3, 7},
+                                 [&](int v) { cuda::set_mmvq_stream_diagnostic(v, &word, 1); });
   for (int mode : {1, 2}) {
     EXPECT_THROW(cuda::set_mmvq_stream_diagnostic(mode, nullptr, 16), InputError) << mode;
     EXPECT_THROW(cuda::set_mmvq_stream_diagnostic(mode, &word, 0), InputError) << mode;
