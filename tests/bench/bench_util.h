@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -29,9 +30,57 @@ inline double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Median milliseconds of fn() over `reps` timed runs after `warm` untimed ones, events on `s`.
+// Holds stream s for `ns` nanoseconds of device time (one thread spinning on %globaltimer), so
+// that the work the host queues behind it meanwhile starts back to back on the device: an event
+// recorded behind the hold fires when the device reaches it, not as soon as the host has queued
+// it while the next launch call is still being made (the blocking-kernel method of NVIDIA's
+// nvbench). On an idle stream the span between two events also holds the host's own submission of
+// the work between them (a graph launch: several microseconds), which is not the device's time.
+static __global__ void hold_kernel(uint64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
+// How a timed span is submitted: on an idle stream (the first event fires at once, the host's
+// submission of the work inside the span), or queued behind a hold (the device's time alone).
+enum class Submit { kIdle, kQueued };
+
+// The hold of a queued span: long enough for the host to queue an event, a graph launch of a
+// layer and another event (measured at 10 - 30 us), checked each time (late_spans).
+constexpr uint64_t kHoldNs = 300000;
+
+// Queued spans the host had not finished submitting when their hold ended (their start then
+// waited on the host after all); printed by the benchmarks that time queued spans.
+inline int& late_spans() {
+  static int n = 0;
+  return n;
+}
+
+// Records `a` on s, runs fn (which queues work on s), records `b`; queued: behind a hold, and
+// counts the span as late when the host took longer than the hold to submit it.
 template <class F>
-double time_ms(F fn, int warm, int reps, cudaStream_t s) {
+void timed_span(F&& fn, cudaEvent_t a, cudaEvent_t b, cudaStream_t s, Submit how) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (how == Submit::kQueued) {
+    hold_kernel<<<1, 1, 0, s>>>(kHoldNs);
+    MOECHECK_CUDA_CHECK(cudaGetLastError());
+  }
+  MOECHECK_CUDA_CHECK(cudaEventRecord(a, s));
+  fn();
+  MOECHECK_CUDA_CHECK(cudaEventRecord(b, s));
+  if (how == Submit::kQueued &&
+      std::chrono::steady_clock::now() - t0 > std::chrono::nanoseconds(kHoldNs))
+    ++late_spans();
+}
+
+// Median milliseconds of fn() over `reps` timed runs after `warm` untimed ones, events on `s`,
+// each span submitted as `how` says.
+template <class F>
+double time_ms(F fn, int warm, int reps, cudaStream_t s, Submit how = Submit::kIdle) {
   cudaEvent_t a, b;
   MOECHECK_CUDA_CHECK(cudaEventCreate(&a));
   MOECHECK_CUDA_CHECK(cudaEventCreate(&b));
@@ -39,9 +88,7 @@ double time_ms(F fn, int warm, int reps, cudaStream_t s) {
   MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
-    MOECHECK_CUDA_CHECK(cudaEventRecord(a, s));
-    fn();
-    MOECHECK_CUDA_CHECK(cudaEventRecord(b, s));
+    timed_span(fn, a, b, s, how);
     MOECHECK_CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0;
     MOECHECK_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
@@ -53,23 +100,27 @@ double time_ms(F fn, int warm, int reps, cudaStream_t s) {
 }
 
 // Per-launch microseconds of `launch(i)` for i = 0..n-1 captured in one CUDA graph (launch gaps
-// out): median of `reps` graph replays after `warm` untimed ones.
+// out): median of `reps` graph replays after `warm` untimed ones, each queued behind a hold (the
+// device's time; Submit::kIdle for the figures of the benchmarks before 2026-12-05, which held
+// the host's submission of the graph as well).
 inline double graph_us(const std::function<void(int, cudaStream_t)>& launch, int n, cudaStream_t s,
-                       int warm = 3, int reps = 20) {
+                       int warm = 3, int reps = 20, Submit how = Submit::kQueued) {
   cudaGraph_t g;
   cudaGraphExec_t ge;
   MOECHECK_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   for (int i = 0; i < n; ++i) launch(i, s);
   MOECHECK_CUDA_CHECK(cudaStreamEndCapture(s, &g));
   MOECHECK_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  const double ms = time_ms([&] { MOECHECK_CUDA_CHECK(cudaGraphLaunch(ge, s)); }, warm, reps, s);
+  const double ms =
+      time_ms([&] { MOECHECK_CUDA_CHECK(cudaGraphLaunch(ge, s)); }, warm, reps, s, how);
   MOECHECK_CUDA_CHECK(cudaGraphExecDestroy(ge));
   MOECHECK_CUDA_CHECK(cudaGraphDestroy(g));
   return ms * 1e3 / n;
 }
 
-// Device-to-device cudaMemcpy of 1 GiB: (bytes read + bytes written) / time, median of 25.
-inline double copy_bandwidth_gbs() {
+// Device-to-device cudaMemcpy of 1 GiB: (bytes read + bytes written) / time, median of 25, each
+// queued behind a hold as the graph replays it is set beside (graph_us).
+inline double copy_bandwidth_gbs(Submit how = Submit::kQueued) {
   const size_t n = size_t{1} << 30;
   void *a = nullptr, *b = nullptr;
   MOECHECK_CUDA_CHECK(cudaMalloc(&a, n));
@@ -77,7 +128,7 @@ inline double copy_bandwidth_gbs() {
   MOECHECK_CUDA_CHECK(cudaMemset(a, 0x5A, n));
   const double ms = time_ms(
       [&] { MOECHECK_CUDA_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, nullptr)); }, 3,
-      25, nullptr);
+      25, nullptr, how);
   MOECHECK_CUDA_CHECK(cudaFree(a));
   MOECHECK_CUDA_CHECK(cudaFree(b));
   return 2.0 * static_cast<double>(n) / (ms * 1e-3) / 1e9;

@@ -450,6 +450,9 @@ int main() {
   const double copy = bench::copy_bandwidth_gbs();
   std::printf("GPU: %s\ndevice-to-device copy: %.0f GB/s (read + write, 1 GiB, median of 25)\n",
               bench::gpu_name().c_str(), copy);
+  std::printf(
+      "device-to-device copy on an idle stream (the figures before 2026-12-05): %.0f GB/s\n",
+      bench::copy_bandwidth_gbs(bench::Submit::kIdle));
   cudaStream_t s;
   MOECHECK_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const int64_t dim = 5120, inter = 2304, nsel = 6, sets = 8;
@@ -549,6 +552,30 @@ int main() {
   }
   cuda::set_mmvq_stream_shape(0, 0);
   cuda::set_mmvq_stream_step(0);
+  // The timing method (bench::Submit): the default gate + up and down launches' graphs replayed
+  // queued behind a hold (every figure of this benchmark) and on an idle stream (the figures
+  // before 2026-12-05, whose spans held the host's submission of the graph), alternating, twice.
+  for (int round = 1; round <= 2; ++round)
+    for (const bench::Submit how : {bench::Submit::kQueued, bench::Submit::kIdle}) {
+      const char* hn = how == bench::Submit::kQueued ? "queued" : "idle stream";
+      const double gu = graph_us(
+          [&](int i, cudaStream_t st) {
+            cuda::mmvq_experts(GgmlType::kQ2K, table(i), 2 * nsel, x_q8, false, y, inter, dim, 8,
+                               st);
+          },
+          n, s, 3, 20, how);
+      const double dn = graph_us(
+          [&](int i, cudaStream_t st) {
+            cuda::mmvq_experts(GgmlType::kQ3K, table(i) + 2 * nsel, nsel, h_q8, true, y, dim, inter,
+                               8, st);
+          },
+          n, s, 3, 20, how);
+      std::printf(
+          "timing method, round %d, %s: gate+up 12 x Q2_K %.2f us (%.1f %% of copy), down 6 x "
+          "Q3_K %.2f us (%.1f %%), %d launches a graph\n",
+          round, hn, gu, 100.0 * 2 * nsel * gate_stride / gu * 1e-3 / copy, dn,
+          100.0 * nsel * down_stride / dn * 1e-3 / copy, n);
+    }
   // The one-token launch's fixed cost: the streamed engine (the default) and the dp4a kernel over
   // m = 2 .. 12 gate-shaped and 1 .. 6 down matrices (each launch shape first checked on set 0
   // against the emulation); time = fixed + m x per matrix, fitted by least squares. Then the
@@ -824,5 +851,8 @@ int main() {
                    sets, copy, s);
   head_section(d_tab, x_q8, h_q8, y, want_gu, want_d, inter, dim, sets, copy,
                static_cast<double>(gate_stride), static_cast<double>(down_stride), s);
+  std::printf(
+      "\nqueued spans submitted after their hold ended (their start waited on the host): %d\n",
+      bench::late_spans());
   return 0;
 }
