@@ -552,9 +552,18 @@ int main() {
   }
   cuda::set_mmvq_stream_shape(0, 0);
   cuda::set_mmvq_stream_step(0);
-  // The timing method (bench::Submit): the default gate + up and down launches' graphs replayed
-  // queued behind a hold (every figure of this benchmark) and on an idle stream (the figures
-  // before 2026-12-05, whose spans held the host's submission of the graph), alternating, twice.
+  // The timing method (bench::Submit): the default engine's gate + up and down launches' graphs
+  // replayed queued behind a hold (every figure of this benchmark) and on an idle stream (the
+  // figures before 2026-12-05, whose spans held the host's submission of the graph), alternating,
+  // twice; set 0 of each first bitwise equal to the emulation under the default engine (the loop
+  // above leaves the last engine of its table set).
+  cuda::set_mmvq_engine(cuda::MmvqEngine::kStreamed);
+  cuda::mmvq_experts(GgmlType::kQ2K, d_tab, 2 * nsel, x_q8, false, y, inter, dim, 8, s);
+  MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+  bench::require_emu_bits("mmvq_experts Q2_K gate+up (timing method)", y, want_gu);
+  cuda::mmvq_experts(GgmlType::kQ3K, d_tab + 2 * nsel, nsel, h_q8, true, y, dim, inter, 8, s);
+  MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+  bench::require_emu_bits("mmvq_experts Q3_K down (timing method)", y, want_d);
   for (int round = 1; round <= 2; ++round)
     for (const bench::Submit how : {bench::Submit::kQueued, bench::Submit::kIdle}) {
       const char* hn = how == bench::Submit::kQueued ? "queued" : "idle stream";
