@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <functional>
 #include <string>
@@ -269,6 +270,15 @@ Pool record(const Launch& launch, int mode, uint64_t* buf, int64_t cap, int reps
     add(bench::to_host<Rec>(buf, static_cast<size_t>(cap)), P);
   }
   cuda::set_mmvq_stream_diagnostic(0, nullptr, 0);
+  // Every MMVQ engine gives the same bits, so the bitwise checks cannot tell which one ran; only
+  // the streamed engine records a timeline. No record: another engine was set, and the section's
+  // rows would time it under the streamed engine's name.
+  if (P.warps == 0) {
+    std::fprintf(stderr,
+                 "mmvq_bench: no warp recorded a timeline (the streamed engine is not the one "
+                 "set; cuda::set_mmvq_engine)\n");
+    std::exit(1);
+  }
   return P;
 }
 
@@ -278,6 +288,7 @@ void timeline_section(const uint8_t** d_tab, int64_t gate_stride, int64_t down_s
                       const BlockQ8_1* x_q8, const BlockQ8_1* h_q8, float* y,
                       const std::vector<float>& want_gu, const std::vector<float>& want_d,
                       int64_t inter, int64_t dim, int64_t sets, double copy, cudaStream_t s) {
+  cuda::set_mmvq_engine(cuda::MmvqEngine::kStreamed);  // the engine these rows name
   int sms = 0, dev = 0;
   MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
   MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -367,6 +378,7 @@ void head_section(const uint8_t** d_tab, const BlockQ8_1* x_q8, const BlockQ8_1*
                   const std::vector<float>& want_gu, const std::vector<float>& want_d,
                   int64_t inter, int64_t dim, int64_t sets, double copy, double gate_bytes,
                   double down_bytes, cudaStream_t s) {
+  cuda::set_mmvq_engine(cuda::MmvqEngine::kStreamed);  // the engine these rows name
   int sms = 0, dev = 0;
   MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
   MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
