@@ -499,6 +499,16 @@ int main() {
   // (want_gu, want_d also check the fixed-cost sweep's launches below).
   std::vector<float> want_gu(static_cast<size_t>(2 * nsel * inter)),
       want_d(static_cast<size_t>(nsel * dim));
+  // Set 0's gate + up and down launches under the engine now set, at `warps`, bitwise against
+  // the emulation (exit 1 naming the launch and `tag` if not).
+  auto check_set0 = [&](int warps, const std::string& tag) {
+    cuda::mmvq_experts(GgmlType::kQ2K, d_tab, 2 * nsel, x_q8, false, y, inter, dim, warps, s);
+    MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+    bench::require_emu_bits("mmvq_experts Q2_K gate+up" + tag, y, want_gu);
+    cuda::mmvq_experts(GgmlType::kQ3K, d_tab + 2 * nsel, nsel, h_q8, true, y, dim, inter, warps, s);
+    MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+    bench::require_emu_bits("mmvq_experts Q3_K down" + tag, y, want_d);
+  };
   {
     const auto gates = bench::to_host<uint8_t>(gate_pool, 2 * nsel * gate_stride);
     const auto downs = bench::to_host<uint8_t>(down_pool, nsel * down_stride);
@@ -515,15 +525,7 @@ int main() {
       cuda::set_mmvq_engine(eng.e, eng.stages, eng.mode);
       cuda::set_mmvq_stream_shape(eng.sb_warps, eng.sb_stages);
       cuda::set_mmvq_stream_step(eng.sb_step);
-      const int warps = eng.warps;
-      const std::string w = std::string(" (") + eng.name + ")";
-      cuda::mmvq_experts(GgmlType::kQ2K, d_tab, 2 * nsel, x_q8, false, y, inter, dim, warps, s);
-      MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-      bench::require_emu_bits("mmvq_experts Q2_K gate+up" + w, y, want_gu);
-      cuda::mmvq_experts(GgmlType::kQ3K, d_tab + 2 * nsel, nsel, h_q8, true, y, dim, inter, warps,
-                         s);
-      MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-      bench::require_emu_bits("mmvq_experts Q3_K down" + w, y, want_d);
+      check_set0(eng.warps, std::string(" (") + eng.name + ")");
     }
   }
 
@@ -570,12 +572,7 @@ int main() {
   // twice; set 0 of each first bitwise equal to the emulation under the default engine (the loop
   // above leaves the last engine of its table set).
   cuda::set_mmvq_engine(cuda::MmvqEngine::kStreamed);
-  cuda::mmvq_experts(GgmlType::kQ2K, d_tab, 2 * nsel, x_q8, false, y, inter, dim, 8, s);
-  MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-  bench::require_emu_bits("mmvq_experts Q2_K gate+up (timing method)", y, want_gu);
-  cuda::mmvq_experts(GgmlType::kQ3K, d_tab + 2 * nsel, nsel, h_q8, true, y, dim, inter, 8, s);
-  MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-  bench::require_emu_bits("mmvq_experts Q3_K down (timing method)", y, want_d);
+  check_set0(8, " (timing method)");
   for (int round = 1; round <= 2; ++round)
     for (const bench::Submit how : {bench::Submit::kQueued, bench::Submit::kIdle}) {
       const char* hn = how == bench::Submit::kQueued ? "queued" : "idle stream";
@@ -633,12 +630,7 @@ int main() {
         inter, h_q8, true, static_cast<double>(down_stride));
     if (fe != cuda::MmvqEngine::kDp4a) continue;
     cuda::set_mmvq_blocks_per_sm(2);
-    cuda::mmvq_experts(GgmlType::kQ2K, d_tab, 2 * nsel, x_q8, false, y, inter, dim, 8, s);
-    MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-    bench::require_emu_bits("mmvq_experts Q2_K gate+up, 2 blocks per SM", y, want_gu);
-    cuda::mmvq_experts(GgmlType::kQ3K, d_tab + 2 * nsel, nsel, h_q8, true, y, dim, inter, 8, s);
-    MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-    bench::require_emu_bits("mmvq_experts Q3_K down, 2 blocks per SM", y, want_d);
+    check_set0(8, ", 2 blocks per SM");
     double us = graph_us(
         [&](int i, cudaStream_t st) {
           cuda::mmvq_experts(GgmlType::kQ2K, table(i), 2 * nsel, x_q8, false, y, inter, dim, 8, st);
