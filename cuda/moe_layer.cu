@@ -28,8 +28,8 @@ void check_options(const LayerWeights& w, const LayerOptions& o, const ExpertLru
   if (!expert_warps_allowed(o.expert_warps))
     throw InputError(where + "options: expert_warps must be 2, 4 or 8, found " +
                      std::to_string(o.expert_warps));
-  if (o.mmvq_max_rows < 0 || o.mmvq_max_rows > kMaxGroupRows)
-    throw InputError(where + "options: mmvq_max_rows must be in [0, 8], found " +
+  if (o.mmvq_max_rows < kMmvqRowsAuto || o.mmvq_max_rows > kMaxGroupRows)
+    throw InputError(where + "options: mmvq_max_rows must be in [0, 8] or -1 (auto), found " +
                      std::to_string(o.mmvq_max_rows));
   for (const int sw : {o.gate_up_stream_warps, o.down_stream_warps})
     if (!stream_warps_allowed(sw))
@@ -237,7 +237,7 @@ void MoeLayer::Impl::shared_expert(int64_t T, cudaStream_t s, bool programmatic)
     bf16_gemv(sh_down.as<uint16_t>(), shb.as<uint16_t>(), sd.as<float>(), c.dim, c.inter, T, s);
   } else {
     const int ew = o.expert_warps;
-    const bool q = T > o.mmvq_max_rows;  // MMQ above the MMVQ rows, as the routed experts
+    const bool q = T > mmvq_max_rows_at(o, T);  // MMQ above the MMVQ rows, as the routed experts
     auto proj = [&](const MatView& m, const DevBuf& wb, const BlockQ8_1* a, DevBuf& y, int64_t rows,
                     int64_t K) {
       if (q) mmq(m.type, wb.as<uint8_t>(), a, y.as<float>(), rows, K, T, s);
@@ -414,7 +414,7 @@ std::vector<uint16_t> MoeLayer::forward(const uint16_t* xin, int64_t T, LayerTap
   const Routing rt = m.header_routing(T, image_mask);
   LayerPlan plan;
   if (taps != nullptr || timing != nullptr)
-    plan = build_layer_plan(rt, c.n_routed, m.o.mmvq_max_rows);
+    plan = build_layer_plan(rt, c.n_routed, mmvq_max_rows_at(m.o, T));
   if (taps != nullptr)
     MOECHECK_CUDA_CHECK(
         cudaMemcpy(m.h_logits.p, m.logits.p, T * c.n_routed * 4, cudaMemcpyDeviceToHost));

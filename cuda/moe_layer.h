@@ -37,6 +37,11 @@ enum class SharedFork {
   kSelection,    // after the selection and the device plan
 };
 
+// LayerOptions::mmvq_max_rows: the default, which picks the split by the forward's token count.
+inline constexpr int kMmvqRowsAuto = -1;
+// The split kMmvqRowsAuto takes above kMaxGroupRows tokens: experts of 5 - 8 pairs on MMQ.
+inline constexpr int kBatchedMmvqMaxRows = 4;
+
 struct LayerOptions {
   RouterVariant router = RouterVariant::kStaged;
   int expert_warps = kDefaultExpertWarps;  // 2, 4 or 8 warps per MMVQ block; no bit depends on it
@@ -46,9 +51,11 @@ struct LayerOptions {
   // shared_fork_mid_min_tokens .. shared_fork_mid_max_tokens tokens and shared_fork_large for the
   // rest (defaults measured on the H200, docs/performance.md: after the selection at 17 - 128
   // tokens, where the shared GEMM's blocks would otherwise hold the multiprocessors while the
-  // selection and the plan wait for one). No bit depends on them.
+  // selection and the plan wait for one; after the router at one token, where the selection then
+  // has the multiprocessors to itself: 2.3 us shorter than at the router's start, the H100 and
+  // the H200 agreeing, 2026-12-05). No bit depends on them.
   int64_t shared_fork_max_tokens = 1;
-  SharedFork shared_fork_small = SharedFork::kRouterStart;
+  SharedFork shared_fork_small = SharedFork::kRouter;
   SharedFork shared_fork_large = SharedFork::kRouter;
   int64_t shared_fork_mid_min_tokens = 17;
   int64_t shared_fork_mid_max_tokens = 128;
@@ -85,7 +92,10 @@ struct LayerOptions {
   // Experts with at most this many pairs (0..8) run through MMVQ, one group each; the others
   // through MMQ (cuda/mmq.cu), as is the K-quant shared expert when T exceeds it. No bit depends
   // on it (docs/numerics.md "mmvq_q2k, mmvq_q3k"); 0 sends every expert through MMQ.
-  int mmvq_max_rows = kMaxGroupRows;
+  // kMmvqRowsAuto (the default; mmvq_max_rows_at): kMaxGroupRows for forwards of up to 8 tokens
+  // (no MMQ launch at all) and kBatchedMmvqMaxRows above (measured on the H200, two calls two days
+  // apart: 6 % faster at T = 512, 1 % at T = 64, equal at 16 and 4096; docs/performance.md).
+  int mmvq_max_rows = kMmvqRowsAuto;
   // The largest T a forward takes (> 0: every scratch buffer is allocated for it at construction
   // and a larger T is refused with an InputError naming it; 0: buffers grow with the largest T
   // seen, which drops the captured graphs when they move).
@@ -101,6 +111,12 @@ struct LayerOptions {
 // of T tokens (LayerOptions::gate_up_stream_warps; 0: the engine's default).
 inline int gate_up_stream_warps(const LayerOptions& o, int64_t T) {
   return o.gate_up_stream_warps != 0 ? o.gate_up_stream_warps : T == 1 ? 12 : 0;
+}
+
+// The MMVQ / MMQ split LayerOptions gives a forward of T tokens (LayerOptions::mmvq_max_rows).
+inline int mmvq_max_rows_at(const LayerOptions& o, int64_t T) {
+  if (o.mmvq_max_rows != kMmvqRowsAuto) return o.mmvq_max_rows;
+  return T > kMaxGroupRows ? kBatchedMmvqMaxRows : kMaxGroupRows;
 }
 
 // The fork point LayerOptions gives a forward of T tokens (the shared_fork_* fields above).

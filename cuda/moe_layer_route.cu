@@ -94,7 +94,7 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
                        c.route_scale,
                        static_cast<int>(c.score_func),
                        c.norm_topk_prob,
-                       o.mmvq_max_rows};
+                       mmvq_max_rows_at(o, T)};
   const int32_t* row = table_row();
   const float* bvl = w.bias_vl != nullptr ? bias_vl.as<float>() : nullptr;
   const uint8_t* mk = masked ? mask.as<uint8_t>() : nullptr;
@@ -139,7 +139,7 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
                           gu.as<float>(), c.inter, c.dim, ew, main, T, gu_warps, warm, warm_bytes,
                           mmvq_groups_bound);
     }
-    if (T > o.mmvq_max_rows)
+    if (T > mmvq_max_rows_at(o, T))
       mmq_groups_planned(w.gate_exps.type, slots, groups, counts, 2, P, xq, gu.as<float>(), c.inter,
                          c.dim, main);
   } else {
@@ -151,7 +151,7 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
                             c.inter, c.dim, ew, main, T, gu_warps, warm, warm_bytes,
                             mmvq_groups_bound);
       }
-      if (T > o.mmvq_max_rows)
+      if (T > mmvq_max_rows_at(o, T))
         mmq_groups_planned(t, slots, groups + j * P, counts, 1, P, xq, gu.as<float>(), c.inter,
                            c.dim, main);
     }
@@ -167,7 +167,7 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
                         h_q8.as<BlockQ8_1>(), down.as<float>(), c.dim, c.inter, ew, main, T,
                         o.down_stream_warps, warm, warm_bytes, mmvq_groups_bound);
   }
-  if (T > o.mmvq_max_rows)
+  if (T > mmvq_max_rows_at(o, T))
     mmq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts, 1, P, h_q8.as<BlockQ8_1>(),
                        down.as<float>(), c.dim, c.inter, main);
 }

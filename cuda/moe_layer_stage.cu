@@ -107,7 +107,7 @@ void MoeLayer::Impl::stage(const uint16_t* xin, int64_t T, const uint8_t* image_
   Routing rt = route_from_logits(h_logits.as<float>(), T, RouteBias{w.bias, w.bias_vl, image_mask},
                                  c, w.layer);
   check_resident(rt);
-  pend.plan = build_layer_plan(rt, c.n_routed, o.mmvq_max_rows);
+  pend.plan = build_layer_plan(rt, c.n_routed, mmvq_max_rows_at(o, T));
   const auto t_routed = std::chrono::steady_clock::now();
   if (cache) {
     pend.lease = cache->acquire(w.layer, pend.plan.experts, main);

@@ -86,6 +86,7 @@ TEST_F(CliFlags, EveryFlagsBadValueIsExit2NamingIt) {
       {"run --impl cuda --model {m} --shared-side x -o {o}", "--shared-side: x not in {on,off}"},
       {"run --impl cuda --model {m} --route x -o {o}", "--route: route must be host or device"},
       {"run --impl cuda --model {m} --mmvq-max-rows 9 -o {o}", "--mmvq-max-rows: Value 9 not in"},
+      {"run --impl cuda --model {m} --mmvq-max-rows -2 -o {o}", "--mmvq-max-rows: Value -2 not in"},
       {"run --impl emu --model {m} --image-tokens 1 -o {o}", "--image-tokens: "},
       {"run --impl emu --model {m}", "--output is required"},
       {"diff {d} missing.h5", "missing.h5: cannot open"},

@@ -36,7 +36,7 @@ struct RunArgs {
   std::string router = "staged";
   int warps = 8;
   std::string shared_side = "on";
-  int mmvq_max_rows = 8;
+  int mmvq_max_rows = -1;  // cuda::kMmvqRowsAuto
   bool json = false;
   bool hash_file = false;
   bool adversarial = false;
@@ -314,8 +314,9 @@ void add_run(CLI::App& app, int& rc) {
   g.mmvq_max_rows =
       s->add_option("--mmvq-max-rows", a->mmvq_max_rows,
                     "cuda: experts with at most this many token rows on MMVQ, the rest on MMQ, "
-                    "0..8 (0: every expert on MMQ; no bit depends on it)")
-          ->check(CLI::Range(0, 8))
+                    "0..8 (0: every expert on MMQ; -1: 8 up to 8 tokens, 4 above; no bit "
+                    "depends on it)")
+          ->check(CLI::Range(-1, 8))
           ->capture_default_str();
   g.route =
       s->add_option("--route", a->route,

@@ -141,11 +141,12 @@ DumpMeta make_meta(const LoadedModel& m, const RunSpec& spec) {
       meta.device = "cpu";
       break;
     case Impl::kCuda:
-      meta.knobs = {{"router", router_name(k.router)},
-                    {"expert_warps", std::to_string(k.expert_warps)},
-                    {"shared_side_stream", k.shared_side_stream ? "on" : "off"},
-                    {"route", route_place_name(k.route)},
-                    {"mmvq_max_rows", std::to_string(k.mmvq_max_rows)}};
+      meta.knobs = {
+          {"router", router_name(k.router)},
+          {"expert_warps", std::to_string(k.expert_warps)},
+          {"shared_side_stream", k.shared_side_stream ? "on" : "off"},
+          {"route", route_place_name(k.route)},
+          {"mmvq_max_rows", k.mmvq_max_rows < 0 ? "auto" : std::to_string(k.mmvq_max_rows)}};
       if (k.stream.streamed()) {  // the expert cache's knobs (no bit depends on any of them)
         const StreamKnobs& s = k.stream;
         meta.knobs.emplace_back(

@@ -41,7 +41,7 @@ struct ImplKnobs {
   RouterVariant router = RouterVariant::kStaged;  // emu, cuda
   int expert_warps = 8;                           // emu, cuda: 2, 4 or 8
   bool shared_side_stream = true;                 // cuda
-  int mmvq_max_rows = 8;                          // cuda: the MMVQ / MMQ split (0..8)
+  int mmvq_max_rows = -1;  // cuda: the MMVQ / MMQ split (0..8; -1: by T, cuda::mmvq_max_rows_at)
   RoutePlace route = RoutePlace::kHost;           // cuda: where the top-k selection runs
   StreamKnobs stream;                             // cuda: the expert cache (tools/stream_run.h)
 };

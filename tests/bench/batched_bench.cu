@@ -403,9 +403,10 @@ Row run_tokens(Ctx& k, int64_t T, double& emu_per_token_s) {
 
 // The MMVQ / MMQ split (cuda::LayerOptions::mmvq_max_rows: experts with at most that many pairs
 // on MMVQ) swept at every T: device-route graph replays (events), each output first required
-// bitwise equal to the default layer's (no bit depends on the split; exit 1 if one does).
-void sweep_split(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<int64_t>& Ts) {
-  const int settings[] = {8, 4, 2, 1, 0};
+// bitwise equal to the default layer's (no bit depends on the split; exit 1 if one does). -1 is
+// the default (cuda::kMmvqRowsAuto: 8 up to 8 tokens, cuda::kBatchedMmvqMaxRows above).
+void sweep_split(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<int64_t>& Ts,
+                 const std::vector<int>& settings) {
   std::vector<std::vector<double>> us;
   for (const int mr : settings) {
     cuda::LayerOptions lo;
@@ -438,8 +439,12 @@ void sweep_split(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<i
   }
   std::printf(
       "\n### batched_bench: the MMVQ / MMQ split (device route, graph replay, us)\n\n| T |");
-  for (const int mr : settings) std::printf(" mmvq_max_rows %d |", mr);
-  std::printf("\n|---|---|---|---|---|---|\n");
+  for (const int mr : settings)
+    if (mr == cuda::kMmvqRowsAuto) std::printf(" default (auto) |");
+    else std::printf(" mmvq_max_rows %d |", mr);
+  std::printf("\n|---|");
+  for (size_t j = 0; j < settings.size(); ++j) std::printf("---|");
+  std::printf("\n");
   for (size_t i = 0; i < Ts.size(); ++i) {
     std::printf("| %lld |", static_cast<long long>(Ts[i]));
     for (size_t j = 0; j < us.size(); ++j) std::printf(" %.1f |", us[j][i]);
@@ -522,7 +527,9 @@ void sweep_stream_limit(const LayerWeights& w, const std::vector<int64_t>& Ts) {
 }  // namespace
 
 // `batched_bench`: the table and the split sweep; `batched_bench engine`: only the engine sweep
-// (sweep_stream_limit) at T = 64, 128, 256, 512 and 4096, or at the T given after it.
+// (sweep_stream_limit) at T = 64, 128, 256, 512 and 4096, or at the T given after it;
+// `batched_bench split [T ...]`: only the split sweep, every setting from 0 to 8 and the default,
+// at T = 16, 64, 128, 256, 512 and 4096 or at the T given.
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a failed check's exit(1) keeps every line printed
   const auto start = Clock::now();
@@ -538,6 +545,15 @@ int main(int argc, char** argv) {
     for (int i = 2; i < argc; ++i) Ts.push_back(std::stoll(argv[i]));
     if (Ts.empty()) Ts = {64, 128, 256, 512, 4096};
     sweep_stream_limit(w, Ts);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "split") {
+    std::vector<int64_t> Ts;  // `batched_bench split [T ...]`
+    for (int i = 2; i < argc; ++i) Ts.push_back(std::stoll(argv[i]));
+    if (Ts.empty()) Ts = {16, 64, 128, 256, 512, 4096};
+    lo.route = RoutePlace::kDevice;
+    cuda::MoeLayer dev(w, lo);
+    sweep_split(w, dev, Ts, {cuda::kMmvqRowsAuto, 8, 7, 6, 5, 4, 3, 2, 1, 0});
     return 0;
   }
   cuda::MoeLayer host(w, lo);
@@ -562,6 +578,6 @@ int main(int argc, char** argv) {
     }
   }
   print_table(rows, c, copy, base.grouped());
-  sweep_split(w, dev, {16, 64, 512, 4096});
+  sweep_split(w, dev, {16, 64, 512, 4096}, {cuda::kMmvqRowsAuto, 8, 4, 2, 1, 0});
   return rc;
 }

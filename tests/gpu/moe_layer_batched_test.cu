@@ -1,8 +1,9 @@
 // The batched layer (T > 8): cuda::MoeLayer vs emu::MoeLayer bitwise in the output and every
 // LayerTaps stage, each forward twice, at T = 9, 16, 63, 64, 65 and seeded random T, at the
-// tiny, small and ds41 presets; the host and the device route; MMVQ for experts with at most 8
-// pairs and MMQ above (the default), every expert through MMQ (mmvq_max_rows 0) and none
-// (mmvq_max_rows 8 at T <= 8 is the T = 1..8 suite); skewed routing (one expert picked by every
+// tiny, small and ds41 presets; the host and the device route; MMVQ for experts with at most 4
+// pairs and MMQ above (the default above 8 tokens), at most 8 pairs (mmvq_max_rows 8), every
+// expert through MMQ (mmvq_max_rows 0) and none (at T <= 8 the default: the T = 1..8 suite);
+// skewed routing (one expert picked by every
 // token: a group run of T rows; most experts with no token) and the K-quant shared expert on
 // MMQ. Contract: docs/numerics.md "mmvq_q2k, mmvq_q3k" (MMQ keeps MMVQ's bits).
 #include <limits>
@@ -26,7 +27,9 @@ std::vector<Variant> batched_variants() {
           {4, RouterVariant::kPlain, false, true, kHost, 0},
           {8, RouterVariant::kStaged, true, false, kDevice},
           {2, RouterVariant::kPlain, false, true, kDevice, 0},
-          {8, RouterVariant::kStaged, true, true, kDevice, 3}};
+          {8, RouterVariant::kStaged, true, true, kDevice, 3},
+          {4, RouterVariant::kStaged, true, true, kHost, 8},
+          {8, RouterVariant::kStaged, true, true, kDevice, 8}};
 }
 
 // T = 9, 16, 63, 64, 65 and two seeded random T in [9, 200].
@@ -179,15 +182,14 @@ TEST(CudaMoeLayerBatched, MaxTokens_UpToItRuns_LargerRefused) {
 }
 
 // Which fork point the options give each T (host only: runs without a GPU). The defaults:
-// kRouterStart at one token, kSelection at 17 - 128 tokens, kRouter otherwise; a forward's bits
-// do not depend on it (the device-route variants above run the defaults at T = 9 .. 200).
+// kSelection at 17 - 128 tokens, kRouter otherwise (one token included since 2026-12-05); a
+// forward's bits do not depend on it (the device-route variants above run the defaults at T = 9
+// .. 200, the T = 1..8 suite at one token).
 TEST(CudaMoeLayerBatched, SharedForkAt_DefaultsAndCustomRanges) {
   using cuda::SharedFork;
   const cuda::LayerOptions d;
   for (int64_t T = 1; T <= 600; ++T) {
-    const SharedFork want = T == 1                ? SharedFork::kRouterStart
-                            : T >= 17 && T <= 128 ? SharedFork::kSelection
-                                                  : SharedFork::kRouter;
+    const SharedFork want = T >= 17 && T <= 128 ? SharedFork::kSelection : SharedFork::kRouter;
     ASSERT_EQ(cuda::shared_fork_at(d, T), want) << "repro: default LayerOptions, T=" << T;
   }
   cuda::LayerOptions o;
@@ -211,10 +213,29 @@ TEST(CudaMoeLayerBatched, SharedForkAt_DefaultsAndCustomRanges) {
     EXPECT_EQ(cuda::shared_fork_at(o, T), SharedFork::kSelection) << "repro: one point, T=" << T;
 }
 
+// The MMVQ / MMQ split the options give each T (host only): by default every expert on MMVQ up
+// to 8 tokens (no MMQ launch), experts of more than kBatchedMmvqMaxRows pairs on MMQ above; an
+// explicit setting holds at every T.
+TEST(CudaMoeLayerBatched, MmvqMaxRowsAt_DefaultAndExplicit) {
+  const cuda::LayerOptions d;
+  ASSERT_EQ(d.mmvq_max_rows, cuda::kMmvqRowsAuto);
+  for (int64_t T = 1; T <= 5000; ++T) {
+    const int want = T <= kMaxGroupRows ? kMaxGroupRows : cuda::kBatchedMmvqMaxRows;
+    ASSERT_EQ(cuda::mmvq_max_rows_at(d, T), want) << "repro: default LayerOptions, T=" << T;
+  }
+  ASSERT_EQ(cuda::kBatchedMmvqMaxRows, 4);
+  for (int mr = 0; mr <= kMaxGroupRows; ++mr) {
+    cuda::LayerOptions o;
+    o.mmvq_max_rows = mr;
+    for (int64_t T : {1, 4, 8, 9, 64, 512, 4096})
+      EXPECT_EQ(cuda::mmvq_max_rows_at(o, T), mr) << "repro: mmvq_max_rows " << mr << ", T=" << T;
+  }
+}
+
 TEST(CudaMoeLayerBatched, BadMmvqMaxRowsThrows) {
   MOECHECK_REQUIRE_GPU();
   const LayerWeights w = generate_layer(preset_options("tiny"), 0);
-  for (int bad : {-1, 9}) {
+  for (int bad : {-2, 9}) {
     cuda::LayerOptions co;
     co.mmvq_max_rows = bad;
     EXPECT_THROW(cuda::MoeLayer(w, co), InputError) << "mmvq_max_rows=" << bad;

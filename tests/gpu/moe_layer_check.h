@@ -65,7 +65,9 @@ struct Variant {
   bool side;
   bool graphs;
   RoutePlace route = RoutePlace::kHost;
-  int mmvq_max_rows = kMaxGroupRows;  // 0: every routed expert (and the K-quant shared) on MMQ
+  // LayerOptions::mmvq_max_rows (default: the layer's own, kMmvqRowsAuto); 0: every routed expert
+  // (and the K-quant shared) on MMQ
+  int mmvq_max_rows = cuda::kMmvqRowsAuto;
   bool programmatic = false;          // LayerOptions::programmatic_launch
   int fork = -1;  // -1: the default fork points; else the SharedFork for every T
   int gu_warps = 0, down_warps = 0;  // LayerOptions::gate_up_stream_warps, down_stream_warps
@@ -77,7 +79,7 @@ struct Variant {
     s += side ? "_side" : "_noside";
     s += graphs ? "_graph" : "";
     s += route == RoutePlace::kDevice ? "_devroute" : "";
-    if (mmvq_max_rows != kMaxGroupRows) {
+    if (mmvq_max_rows != cuda::kMmvqRowsAuto) {
       s += "_mmvqmax";
       s += std::to_string(mmvq_max_rows);
     }

@@ -26,11 +26,12 @@ using gputest::Variant;
 
 // The device route's variants: the default fork points (cuda::LayerOptions) with and without
 // graphs, both routers (a plain router's launch records no launch-completion event outside
-// graphs), programmatic launches, every other fork point, and the streamed MMVQ's warps per
+// graphs), programmatic launches, every other fork point (the default is kRouter at every T up to
+// 16: the router's start, the input and after the selection), and the streamed MMVQ's warps per
 // launch (gate / up x down: 16 x 12, 12 x 8), and the plan not prefetched into L1.
 std::vector<Variant> device_variants() {
   constexpr auto kDev = RoutePlace::kDevice;
-  constexpr int kMax = kMaxGroupRows;
+  constexpr int kMax = cuda::kMmvqRowsAuto;  // the default split (every expert on MMVQ at T <= 8)
   using cuda::SharedFork;
   return {{8, RouterVariant::kStaged, true, false, kDev},
           {2, RouterVariant::kPlain, false, false, kDev},
@@ -41,7 +42,7 @@ std::vector<Variant> device_variants() {
           {8, RouterVariant::kStaged, true, true, kDev, kMax, false,
            static_cast<int>(SharedFork::kInput)},
           {8, RouterVariant::kStaged, true, false, kDev, kMax, false,
-           static_cast<int>(SharedFork::kRouter)},
+           static_cast<int>(SharedFork::kRouterStart)},
           {4, RouterVariant::kStaged, true, true, kDev, kMax, false,
            static_cast<int>(SharedFork::kSelection)},
           {8, RouterVariant::kStaged, true, true, kDev, kMax, false, -1, 16, 12},
