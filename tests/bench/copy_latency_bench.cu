@@ -211,10 +211,17 @@ uint32_t fold_words(const std::vector<uint8_t>& h, int64_t off) {
 struct Config {
   const char* name;
   KernelFn kernel;
+  Mode mode;
+  int ahead, behind;
   int blocks;  // 0: one block a multiprocessor
   int warps;
-  int ahead, behind;
 };
+
+// A row of the table, its mode and steps taken from the kernel's own template arguments.
+template <Mode M, int AHEAD, int BEHIND>
+Config config(const char* name, int blocks, int warps) {
+  return {name, latency_kernel<M, AHEAD, BEHIND>, M, AHEAD, BEHIND, blocks, warps};
+}
 
 constexpr Mode kB = Mode::kBulk, kP = Mode::kPlain;
 
@@ -247,22 +254,22 @@ int main() {
   MOECHECK_CUDA_CHECK(cudaMemcpy(h.data(), d_buf, bytes, cudaMemcpyDeviceToHost));
 
   const Config configs[] = {
-      {"bulk, one warp alone", latency_kernel<kB, 0, 0>, 1, 1, 0, 0},
-      {"plain, one warp alone", latency_kernel<kP, 0, 0>, 1, 1, 0, 0},
-      {"bulk, one block of 16 warps", latency_kernel<kB, 0, 0>, 1, 16, 0, 0},
-      {"plain, one block of 16 warps", latency_kernel<kP, 0, 0>, 1, 16, 0, 0},
-      {"bulk, grid of 16 warps a multiprocessor", latency_kernel<kB, 0, 0>, 0, 16, 0, 0},
-      {"plain, grid of 16 warps a multiprocessor", latency_kernel<kP, 0, 0>, 0, 16, 0, 0},
-      {"bulk, grid, 2 steps behind (a ring of 3)", latency_kernel<kB, 0, 2>, 0, 16, 0, 2},
-      {"plain, grid, 2 steps behind", latency_kernel<kP, 0, 2>, 0, 16, 0, 2},
-      {"bulk, grid, 2 steps ahead", latency_kernel<kB, 2, 0>, 0, 16, 2, 0},
-      {"plain, grid, 2 steps ahead", latency_kernel<kP, 2, 0>, 0, 16, 2, 0},
-      {"bulk, grid, 8 steps behind", latency_kernel<kB, 0, 8>, 0, 16, 0, 8},
-      {"bulk, grid, 8 steps ahead", latency_kernel<kB, 8, 0>, 0, 16, 8, 0},
-      {"bulk, grid of 12 warps, 2 steps behind (the one-token gate / up shape)",
-       latency_kernel<kB, 0, 2>, 0, 12, 0, 2},
-      {"bulk, grid of 4 warps a multiprocessor", latency_kernel<kB, 0, 0>, 0, 4, 0, 0},
-      {"plain, grid of 4 warps a multiprocessor", latency_kernel<kP, 0, 0>, 0, 4, 0, 0},
+      config<kB, 0, 0>("bulk, one warp alone", 1, 1),
+      config<kP, 0, 0>("plain, one warp alone", 1, 1),
+      config<kB, 0, 0>("bulk, one block of 16 warps", 1, 16),
+      config<kP, 0, 0>("plain, one block of 16 warps", 1, 16),
+      config<kB, 0, 0>("bulk, grid of 16 warps a multiprocessor", 0, 16),
+      config<kP, 0, 0>("plain, grid of 16 warps a multiprocessor", 0, 16),
+      config<kB, 0, 2>("bulk, grid, 2 steps behind (a ring of 3)", 0, 16),
+      config<kP, 0, 2>("plain, grid, 2 steps behind", 0, 16),
+      config<kB, 2, 0>("bulk, grid, 2 steps ahead", 0, 16),
+      config<kP, 2, 0>("plain, grid, 2 steps ahead", 0, 16),
+      config<kB, 0, 8>("bulk, grid, 8 steps behind", 0, 16),
+      config<kB, 8, 0>("bulk, grid, 8 steps ahead", 0, 16),
+      config<kB, 0, 2>("bulk, grid of 12 warps, 2 steps behind (the one-token gate / up shape)", 0,
+                       12),
+      config<kB, 0, 0>("bulk, grid of 4 warps a multiprocessor", 0, 4),
+      config<kP, 0, 0>("plain, grid of 4 warps a multiprocessor", 0, 4),
   };
 
   std::printf(
@@ -276,16 +283,17 @@ int main() {
     const int blocks = c.blocks > 0 ? c.blocks : sms;
     const int64_t n_warps = int64_t{blocks} * c.warps;
     const int steps = 1 + c.ahead + c.behind;
-    // The extra steps of the last ring position reach group g + n_groups * ((steps - 2) / 4).
-    const int64_t groups_touched = n_warps * (1 + (steps - 1 + 3) / 4);
+    // Extra step k reads row group g + n_groups * (k / 4) (extra_src): the last, k = steps - 2,
+    // reaches n_groups * (1 + (steps - 2) / 4) groups.
+    const int64_t groups_touched = n_warps * (1 + (steps > 1 ? (steps - 2) / 4 : 0));
     if (groups_touched * kRows * kPitch > kRegion) {
       std::fprintf(stderr, "copy_latency_bench: %s needs more than a region\n", c.name);
       return 1;
     }
-    const bool bulk_mode = std::string(c.name).rfind("bulk", 0) == 0;
-    const size_t smem = bulk_mode ? static_cast<size_t>(c.warps) * steps * kRows * kStepBytes +
-                                        static_cast<size_t>(c.warps) * 2 * sizeof(uint64_t)
-                                  : 0;
+    const size_t smem = c.mode == Mode::kBulk
+                            ? static_cast<size_t>(c.warps) * steps * kRows * kStepBytes +
+                                  static_cast<size_t>(c.warps) * 2 * sizeof(uint64_t)
+                            : 0;
     MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(c.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(smem)));
     Record* d_rec = nullptr;
@@ -298,11 +306,8 @@ int main() {
       c.kernel<<<blocks, c.warps * 32, smem>>>(d_buf + off, d_rec, d_sink);
       MOECHECK_CUDA_CHECK(cudaGetLastError());
       MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
-      std::vector<Record> rec(static_cast<size_t>(n_warps));
-      std::vector<uint32_t> sink(static_cast<size_t>(n_warps) * 2);
-      MOECHECK_CUDA_CHECK(
-          cudaMemcpy(rec.data(), d_rec, rec.size() * sizeof(Record), cudaMemcpyDeviceToHost));
-      MOECHECK_CUDA_CHECK(cudaMemcpy(sink.data(), d_sink, sink.size() * 4, cudaMemcpyDeviceToHost));
+      const auto rec = bench::to_host<Record>(d_rec, static_cast<size_t>(n_warps));
+      const auto sink = bench::to_host<uint32_t>(d_sink, static_cast<size_t>(n_warps) * 2);
       for (int64_t g = 0; g < n_warps; ++g) {
         const uint32_t want = fold_words(h, off + g * kRows * kPitch);
         if (sink[2 * g] != want) {

@@ -31,23 +31,23 @@ using gputest::Variant;
 // launch (gate / up x down: 16 x 12, 12 x 8), and the plan not prefetched into L1.
 std::vector<Variant> device_variants() {
   constexpr auto kDev = RoutePlace::kDevice;
-  constexpr int kMax = cuda::kMmvqRowsAuto;  // the default split (every expert on MMVQ at T <= 8)
+  constexpr int kAuto = cuda::kMmvqRowsAuto;  // the default split (every expert on MMVQ at T <= 8)
   using cuda::SharedFork;
   return {{8, RouterVariant::kStaged, true, false, kDev},
           {2, RouterVariant::kPlain, false, false, kDev},
           {4, RouterVariant::kStaged, false, true, kDev},
           {8, RouterVariant::kPlain, true, true, kDev},
           {4, RouterVariant::kPlain, true, false, kDev},
-          {8, RouterVariant::kStaged, true, true, kDev, kMax, true},
-          {8, RouterVariant::kStaged, true, true, kDev, kMax, false,
+          {8, RouterVariant::kStaged, true, true, kDev, kAuto, true},
+          {8, RouterVariant::kStaged, true, true, kDev, kAuto, false,
            static_cast<int>(SharedFork::kInput)},
-          {8, RouterVariant::kStaged, true, false, kDev, kMax, false,
+          {8, RouterVariant::kStaged, true, false, kDev, kAuto, false,
            static_cast<int>(SharedFork::kRouterStart)},
-          {4, RouterVariant::kStaged, true, true, kDev, kMax, false,
+          {4, RouterVariant::kStaged, true, true, kDev, kAuto, false,
            static_cast<int>(SharedFork::kSelection)},
-          {8, RouterVariant::kStaged, true, true, kDev, kMax, false, -1, 16, 12},
-          {4, RouterVariant::kPlain, true, false, kDev, kMax, false, -1, 12, 8},
-          {8, RouterVariant::kStaged, true, true, kDev, kMax, false, -1, 0, 0, false}};
+          {8, RouterVariant::kStaged, true, true, kDev, kAuto, false, -1, 16, 12},
+          {4, RouterVariant::kPlain, true, false, kDev, kAuto, false, -1, 12, 8},
+          {8, RouterVariant::kStaged, true, true, kDev, kAuto, false, -1, 0, 0, false}};
 }
 
 std::vector<Variant> all_variants() {
