@@ -96,6 +96,13 @@ struct LayerOptions {
   // (no MMQ launch at all) and kBatchedMmvqMaxRows above (measured on the H200, two calls two days
   // apart: 6 % faster at T = 512, 1 % at T = 64, equal at 16 and 4096; docs/performance.md).
   int mmvq_max_rows = kMmvqRowsAuto;
+  // Device route, forwards with MMQ launches (T above the split): 0 runs them after the MMVQ
+  // launch of the same projection on the main stream; 1 on a stream of their own at the main
+  // stream's priority, 2 at the side stream's, beside the MMVQ launch (two graph branches joined
+  // before SwiGLU and before the accumulation), so their blocks can take the multiprocessors the
+  // MMVQ launch's tail leaves. A candidate (branch next/mmq-beside), not yet timed. No bit depends
+  // on it.
+  int mmq_beside = 0;
   // The largest T a forward takes (> 0: every scratch buffer is allocated for it at construction
   // and a larger T is refused with an InputError naming it; 0: buffers grow with the largest T
   // seen, which drops the captured graphs when they move).

@@ -73,6 +73,10 @@ struct MoeLayer::Impl {
   bool dense_shared = true;
   cudaStream_t main = nullptr, side = nullptr;
   cudaEvent_t ev_in = nullptr, ev_out = nullptr;
+  // LayerOptions::mmq_beside: the MMQ launches' own stream, at the main stream's priority or the
+  // side stream's, and its fork / join events (gate / up, down).
+  cudaStream_t mmq_high = nullptr, mmq_low = nullptr;
+  cudaEvent_t ev_mmq[4] = {};
   DevBuf router, gate_exps, up_exps, down_exps, sh_gate, sh_up, sh_down;
   // Scratch, sized for the largest T seen.
   DevBuf x, x_q8, logits, plan, gu, h, h_q8, down, sg, su, sh, shb, sh_q8, sd, acc, y;
@@ -115,6 +119,10 @@ struct MoeLayer::Impl {
     if (ev_pred != nullptr) (void)cudaEventDestroy(ev_pred);
     if (ev_in != nullptr) (void)cudaEventDestroy(ev_in);
     if (ev_out != nullptr) (void)cudaEventDestroy(ev_out);
+    for (cudaEvent_t e : ev_mmq)
+      if (e != nullptr) (void)cudaEventDestroy(e);
+    if (mmq_low != nullptr) (void)cudaStreamDestroy(mmq_low);
+    if (mmq_high != nullptr) (void)cudaStreamDestroy(mmq_high);
     if (side != nullptr) (void)cudaStreamDestroy(side);
     if (main != nullptr) (void)cudaStreamDestroy(main);
   }

@@ -132,6 +132,22 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
   // MMVQ groups are one per expert of at most mmvq_max_rows pairs: at most n_routed a projection
   // (the streamed engine's group prefix is sized by this bound, not by the plan's capacity P).
   const int64_t mmvq_groups_bound = std::min<int64_t>(P, c.n_routed);
+  // The MMQ launches (T above the split): after the MMVQ launches on the main stream, or
+  // (LayerOptions::mmq_beside) on a stream of their own, forked from the main stream before the
+  // MMVQ launch of the same projection and joined before the launch that reads both (SwiGLU, the
+  // accumulation): in a graph, two branches. They write other rows of the same outputs.
+  const bool mmq_on = T > mmvq_max_rows_at(o, T);
+  const bool beside = mmq_on && o.mmq_beside != 0;
+  cudaStream_t mq = !beside ? main : o.mmq_beside == 2 ? mmq_low : mmq_high;
+  auto mmq_fork = [&](int i) {
+    MOECHECK_CUDA_CHECK(cudaEventRecord(ev_mmq[2 * i], main));
+    MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(mq, ev_mmq[2 * i], 0));
+  };
+  auto mmq_join = [&](int i) {
+    MOECHECK_CUDA_CHECK(cudaEventRecord(ev_mmq[2 * i + 1], mq));
+    MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(main, ev_mmq[2 * i + 1], 0));
+  };
+  if (beside) mmq_fork(0);
   if (w.gate_exps.type == w.up_exps.type) {
     {
       const pdl::Scope sc(launch_mode);
@@ -139,9 +155,9 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
                           gu.as<float>(), c.inter, c.dim, ew, main, T, gu_warps, warm, warm_bytes,
                           mmvq_groups_bound);
     }
-    if (T > mmvq_max_rows_at(o, T))
+    if (mmq_on)
       mmq_groups_planned(w.gate_exps.type, slots, groups, counts, 2, P, xq, gu.as<float>(), c.inter,
-                         c.dim, main);
+                         c.dim, mq);
   } else {
     for (int j = 0; j < 2; ++j) {
       const GgmlType t = j == 0 ? w.gate_exps.type : w.up_exps.type;
@@ -151,25 +167,28 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
                             c.inter, c.dim, ew, main, T, gu_warps, warm, warm_bytes,
                             mmvq_groups_bound);
       }
-      if (T > mmvq_max_rows_at(o, T))
+      if (mmq_on)
         mmq_groups_planned(t, slots, groups + j * P, counts, 1, P, xq, gu.as<float>(), c.inter,
-                           c.dim, main);
+                           c.dim, mq);
     }
   }
+  if (beside) mmq_join(0);
   {
     const pdl::Scope sc(launch_mode);
     swiglu_q8(gu.as<float>(), gu.as<float>() + P * c.inter, h.as<float>(), h_q8.as<BlockQ8_1>(),
               P, c.inter, c.swiglu_limit, main);
   }
+  if (beside) mmq_fork(1);
   {
     const pdl::Scope sc(early_mode);
     mmvq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts + 3, 1, P, max_n,
                         h_q8.as<BlockQ8_1>(), down.as<float>(), c.dim, c.inter, ew, main, T,
                         o.down_stream_warps, warm, warm_bytes, mmvq_groups_bound);
   }
-  if (T > mmvq_max_rows_at(o, T))
+  if (mmq_on)
     mmq_groups_planned(w.down_exps.type, slots, groups + 2 * P, counts, 1, P, h_q8.as<BlockQ8_1>(),
-                       down.as<float>(), c.dim, c.inter, main);
+                       down.as<float>(), c.dim, c.inter, mq);
+  if (beside) mmq_join(1);
 }
 
 // After a device-routed forward: the header's status raised as the host route would (a NaN key:

@@ -29,7 +29,13 @@ std::vector<Variant> batched_variants() {
           {2, RouterVariant::kPlain, false, true, kDevice, 0},
           {8, RouterVariant::kStaged, true, true, kDevice, 3},
           {4, RouterVariant::kStaged, true, true, kHost, 8},
-          {8, RouterVariant::kStaged, true, true, kDevice, 8}};
+          {8, RouterVariant::kStaged, true, true, kDevice, 8},
+          // The MMQ launches beside the MMVQ launches (LayerOptions::mmq_beside), in a graph at
+          // the main stream's priority and without graphs at the side stream's.
+          {8, RouterVariant::kStaged, true, true, kDevice, cuda::kMmvqRowsAuto, false, -1, 0, 0,
+           true, 1},
+          {8, RouterVariant::kStaged, true, false, kDevice, cuda::kMmvqRowsAuto, false, -1, 0, 0,
+           true, 2}};
 }
 
 // T = 9, 16, 63, 64, 65 and two seeded random T in [9, 200].
@@ -84,7 +90,9 @@ TEST(CudaMoeLayerBatched, Ds41_T9_16_63_64_65_Random_HostAndDeviceRoute) {
   run_layer(preset_options("ds41"), Ts,
             {{8, RouterVariant::kStaged, true, false, kHost},
              {8, RouterVariant::kStaged, true, true, kDevice},
-             {4, RouterVariant::kStaged, false, false, kDevice, 0}},
+             {4, RouterVariant::kStaged, false, false, kDevice, 0},
+             {8, RouterVariant::kStaged, true, true, kDevice, cuda::kMmvqRowsAuto, false, -1, 0, 0,
+              true, 1}},
             1600);
 }
 
@@ -229,6 +237,16 @@ TEST(CudaMoeLayerBatched, MmvqMaxRowsAt_DefaultAndExplicit) {
     o.mmvq_max_rows = mr;
     for (int64_t T : {1, 4, 8, 9, 64, 512, 4096})
       EXPECT_EQ(cuda::mmvq_max_rows_at(o, T), mr) << "repro: mmvq_max_rows " << mr << ", T=" << T;
+  }
+}
+
+TEST(CudaMoeLayerBatched, BadMmqBesideThrows) {
+  MOECHECK_REQUIRE_GPU();
+  const LayerWeights w = generate_layer(preset_options("tiny"), 0);
+  for (int bad : {-1, 3}) {
+    cuda::LayerOptions co;
+    co.mmq_beside = bad;
+    EXPECT_THROW(cuda::MoeLayer(w, co), InputError) << "mmq_beside=" << bad;
   }
 }
 

@@ -72,6 +72,7 @@ struct Variant {
   int fork = -1;  // -1: the default fork points; else the SharedFork for every T
   int gu_warps = 0, down_warps = 0;  // LayerOptions::gate_up_stream_warps, down_stream_warps
   bool prefetch_plan = true;         // LayerOptions::prefetch_plan
+  int mmq_beside = 0;                // LayerOptions::mmq_beside
   std::string name() const {
     std::string s = "W";  // appended step by step: GCC 12 warns falsely (-Wrestrict) on a + chain
     s += std::to_string(warps);
@@ -95,6 +96,10 @@ struct Variant {
       s += std::to_string(down_warps);
     }
     if (!prefetch_plan) s += "_noplanprefetch";
+    if (mmq_beside != 0) {
+      s += "_mmqbeside";
+      s += std::to_string(mmq_beside);
+    }
     return s;
   }
 };
@@ -133,6 +138,7 @@ inline void run_layer_weights(const LayerWeights& w, const GenOptions& o,
     co.gate_up_stream_warps = v.gu_warps;
     co.down_stream_warps = v.down_warps;
     co.prefetch_plan = v.prefetch_plan;
+    co.mmq_beside = v.mmq_beside;
     if (v.fork >= 0) cuda::set_shared_fork_everywhere(co, static_cast<cuda::SharedFork>(v.fork));
     layers.push_back(std::make_unique<cuda::MoeLayer>(w, co));
   }
