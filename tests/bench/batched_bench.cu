@@ -401,18 +401,20 @@ Row run_tokens(Ctx& k, int64_t T, double& emu_per_token_s) {
   return r;
 }
 
-// The MMVQ / MMQ split (cuda::LayerOptions::mmvq_max_rows: experts with at most that many pairs
-// on MMVQ) swept at every T: device-route graph replays (events), each output first required
-// bitwise equal to the default layer's (no bit depends on the split; exit 1 if one does). -1 is
-// the default (cuda::kMmvqRowsAuto: 8 up to 8 tokens, cuda::kBatchedMmvqMaxRows above).
-void sweep_split(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<int64_t>& Ts,
-                 const std::vector<int>& settings) {
+// Layer settings swept at every T: device-route graph replays (events), each setting's output
+// first required bitwise equal to the default layer's (`dev`; no bit depends on these settings;
+// exit 1 if one does). The settings run in the order given, so a list that repeats one (A, B, A)
+// shows the drift between them.
+struct Setting {
+  std::string name;
+  cuda::LayerOptions lo;
+};
+
+void sweep_settings(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<int64_t>& Ts,
+                    const std::vector<Setting>& settings, const char* title) {
   std::vector<std::vector<double>> us;
-  for (const int mr : settings) {
-    cuda::LayerOptions lo;
-    lo.route = RoutePlace::kDevice;
-    lo.mmvq_max_rows = mr;
-    cuda::MoeLayer layer(w, lo);
+  for (const Setting& st : settings) {
+    cuda::MoeLayer layer(w, st.lo);
     std::vector<double> row;
     for (const int64_t T : Ts) {
       const std::vector<uint16_t> x =
@@ -427,7 +429,7 @@ void sweep_split(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<i
         (l == &layer ? got : want) = bench::to_host<uint16_t>(l->device_output(), n);
       }
       if (got != want) {
-        std::fprintf(stderr, "bench: mmvq_max_rows=%d changes the output at T=%lld\n", mr,
+        std::fprintf(stderr, "bench: %s changes the output at T=%lld\n", st.name.c_str(),
                      static_cast<long long>(T));
         std::exit(1);
       }
@@ -435,13 +437,10 @@ void sweep_split(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<i
           1e3 * bench::time_ms([&] { layer.graph_forward(T, nullptr); }, 2, reps_for(T), nullptr));
     }
     us.push_back(row);
-    std::printf("split mmvq_max_rows=%d: outputs equal to the default's at every T\n", mr);
+    std::printf("%s: outputs equal to the default's at every T\n", st.name.c_str());
   }
-  std::printf(
-      "\n### batched_bench: the MMVQ / MMQ split (device route, graph replay, us)\n\n| T |");
-  for (const int mr : settings)
-    if (mr == cuda::kMmvqRowsAuto) std::printf(" default (auto) |");
-    else std::printf(" mmvq_max_rows %d |", mr);
+  std::printf("\n### batched_bench: %s (device route, graph replay, us)\n\n| T |", title);
+  for (const Setting& st : settings) std::printf(" %s |", st.name.c_str());
   std::printf("\n|---|");
   for (size_t j = 0; j < settings.size(); ++j) std::printf("---|");
   std::printf("\n");
@@ -450,6 +449,37 @@ void sweep_split(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<i
     for (size_t j = 0; j < us.size(); ++j) std::printf(" %.1f |", us[j][i]);
     std::printf("\n");
   }
+}
+
+// The MMVQ / MMQ split (cuda::LayerOptions::mmvq_max_rows: experts with at most that many pairs
+// on MMVQ). -1 is the default (cuda::kMmvqRowsAuto: 8 up to 8 tokens, cuda::kBatchedMmvqMaxRows
+// above).
+void sweep_split(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<int64_t>& Ts,
+                 const std::vector<int>& values) {
+  std::vector<Setting> settings;
+  for (const int mr : values) {
+    Setting st{mr == cuda::kMmvqRowsAuto ? std::string("default (auto)")
+                                         : "mmvq_max_rows " + std::to_string(mr),
+               {}};
+    st.lo.route = RoutePlace::kDevice;
+    st.lo.mmvq_max_rows = mr;
+    settings.push_back(st);
+  }
+  sweep_settings(w, dev, Ts, settings, "the MMVQ / MMQ split");
+}
+
+// The MMQ launches on a stream of their own beside the MMVQ launches
+// (cuda::LayerOptions::mmq_beside 0 / 1 / 2), each in the order 0, 1, 2, 0, 1, 2.
+void sweep_beside(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<int64_t>& Ts) {
+  std::vector<Setting> settings;
+  for (int pass = 0; pass < 2; ++pass)
+    for (const int b : {0, 1, 2}) {
+      Setting st{"mmq_beside " + std::to_string(b), {}};
+      st.lo.route = RoutePlace::kDevice;
+      st.lo.mmq_beside = b;
+      settings.push_back(st);
+    }
+  sweep_settings(w, dev, Ts, settings, "the MMQ launches beside the MMVQ launches");
 }
 
 // The engines of the batched layers' launches: the MMVQ groups on the dp4a kernel
@@ -529,7 +559,8 @@ void sweep_stream_limit(const LayerWeights& w, const std::vector<int64_t>& Ts) {
 // `batched_bench`: the table and the split sweep; `batched_bench engine`: only the engine sweep
 // (sweep_stream_limit) at T = 64, 128, 256, 512 and 4096, or at the T given after it;
 // `batched_bench split [T ...]`: only the split sweep, every setting from 0 to 8 and the default,
-// at T = 16, 64, 128, 256, 512 and 4096 or at the T given.
+// at T = 16, 64, 128, 256, 512 and 4096 or at the T given; `batched_bench beside [T ...]`: only
+// the MMQ-beside sweep (sweep_beside), at T = 16, 64, 128, 256 and 512 or at the T given.
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a failed check's exit(1) keeps every line printed
   const auto start = Clock::now();
@@ -554,6 +585,15 @@ int main(int argc, char** argv) {
     lo.route = RoutePlace::kDevice;
     cuda::MoeLayer dev(w, lo);
     sweep_split(w, dev, Ts, {cuda::kMmvqRowsAuto, 8, 7, 6, 5, 4, 3, 2, 1, 0});
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "beside") {
+    std::vector<int64_t> Ts;  // `batched_bench beside [T ...]`
+    for (int i = 2; i < argc; ++i) Ts.push_back(std::stoll(argv[i]));
+    if (Ts.empty()) Ts = {16, 64, 128, 256, 512};
+    lo.route = RoutePlace::kDevice;
+    cuda::MoeLayer dev(w, lo);
+    sweep_beside(w, dev, Ts);
     return 0;
   }
   cuda::MoeLayer host(w, lo);
