@@ -233,6 +233,7 @@ int main() {
   cudaDeviceProp prop{};
   MOECHECK_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
+  const int smem_optin = static_cast<int>(prop.sharedMemPerBlockOptin);
   std::printf("GPU: %s\ndevice-to-device copy: %.0f GB/s (read + write, 1 GiB, median of 25)\n",
               bench::gpu_name().c_str(), copy);
 
@@ -264,8 +265,9 @@ int main() {
       config<kP, 0, 2>("plain, grid, 2 steps behind", 0, 16),
       config<kB, 2, 0>("bulk, grid, 2 steps ahead", 0, 16),
       config<kP, 2, 0>("plain, grid, 2 steps ahead", 0, 16),
-      config<kB, 0, 8>("bulk, grid, 8 steps behind", 0, 16),
-      config<kB, 8, 0>("bulk, grid, 8 steps ahead", 0, 16),
+      // Nine steps of 16 warps would need 387 KB of shared memory: these rows take 8 warps.
+      config<kB, 0, 8>("bulk, grid of 8 warps, 8 steps behind", 0, 8),
+      config<kB, 8, 0>("bulk, grid of 8 warps, 8 steps ahead", 0, 8),
       config<kB, 0, 2>("bulk, grid of 12 warps, 2 steps behind (the one-token gate / up shape)", 0,
                        12),
       config<kB, 0, 0>("bulk, grid of 4 warps a multiprocessor", 0, 4),
@@ -294,6 +296,11 @@ int main() {
                             ? static_cast<size_t>(c.warps) * steps * kRows * kStepBytes +
                                   static_cast<size_t>(c.warps) * 2 * sizeof(uint64_t)
                             : 0;
+    if (smem > static_cast<size_t>(smem_optin)) {
+      std::fprintf(stderr, "copy_latency_bench: %s needs %zu bytes of shared memory, above %d\n",
+                   c.name, smem, smem_optin);
+      return 1;
+    }
     MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(c.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(smem)));
     Record* d_rec = nullptr;
