@@ -101,9 +101,9 @@ struct LayerOptions {
   // stream's priority, 2 at the side stream's, beside the MMVQ launch (two graph branches joined
   // before SwiGLU and before the accumulation), so their blocks can take the multiprocessors the
   // MMVQ launch's tail leaves. No bit depends on it. Off by default: on the H100 (2026-12-05,
-  // batched_bench beside, twice each) 2 was 1.7 % faster at T = 64 and 1 % at 16, 1 was 1.5 %
-  // faster at 128 and 0.5 - 1.2 % at 512, and both were 1.5 - 2.7 % slower at 256; not yet timed
-  // on an H200 (docs/performance.md, twenty-fifth session).
+  // batched_bench beside, two sweeps) it was 0.7 - 1.7 % faster at T = 16 and 64 - 128, 2.8 -
+  // 3.1 % slower at 32 and 0.3 - 2.7 % slower at 192 - 384, and the sweeps disagreed at 512; not
+  // yet timed on an H200 (docs/performance.md, twenty-fifth session).
   int mmq_beside = 0;
   // The largest T a forward takes (> 0: every scratch buffer is allocated for it at construction
   // and a larger T is refused with an InputError naming it; 0: buffers grow with the largest T
