@@ -25,6 +25,10 @@ constexpr int64_t kStagedPicks = 3072;
 constexpr int kStagedPointerExperts = 1024;
 // The experts one thread stages (n_routed <= kMaxRouteExperts).
 constexpr int kExpertsPerThread = (kMaxRouteExperts + kPlanThreads - 1) / kPlanThreads;
+constexpr int kPlanWarps = kPlanThreads / kWarpSize;
+// Up to this many picks warp 0 ranks them alone (rank_picks); above, every warp ranks a chunk
+// (rank_picks_warps), with counters of its own.
+constexpr int64_t kOneWarpPicks = 64;
 
 struct PlanArgs {
   const int32_t* hdr;
@@ -37,24 +41,35 @@ struct PlanArgs {
   uint8_t* plan;
 };
 
-// The block's shared memory, in bytes from its start: cnt, first, uidx, gfirst, run [n] i32; the
-// staged slot pointers [3][n] (gate, up, down; when n <= kStagedPointerExperts); then, when
-// P = T k <= kStagedPicks, the picks, their weights' bits and their pair rows [P] i32 each.
+// The block's shared memory, in bytes from its start: cnt, first, uidx, gfirst [n] i32, then the
+// rank counters [runs][n] i32 (runs: 1 up to kOneWarpPicks picks, kPlanWarps above); from a
+// 16-byte boundary the staged slot pointers [3][n] (gate, up, down; when n <=
+// kStagedPointerExperts); then, when P = T k <= kStagedPicks, the picks, their weights' bits and
+// their pair rows [P] i32 each.
 struct PlanSmem {
   bool ptrs = false, picks = false;
+  int runs = 1;
   size_t ptr = 0, pick = 0, bytes = 0;
   __host__ __device__ PlanSmem(int64_t n, int64_t P)
-      : ptrs(n <= kStagedPointerExperts), picks(P <= kStagedPicks) {
+      : ptrs(n <= kStagedPointerExperts),
+        picks(P <= kStagedPicks),
+        runs(P > kOneWarpPicks ? kPlanWarps : 1) {
     const auto N = static_cast<size_t>(n);
-    ptr = 20 * N;
+    ptr = (4 * (4 + static_cast<size_t>(runs)) * N + 15) / 16 * 16;
     pick = ptr + (ptrs ? 24 * N : 0);
     bytes = pick + (picks ? 12 * static_cast<size_t>(P) : 0);
   }
 };
-// The most shared memory a plan launch asks for (n = kStagedPointerExperts, P = kStagedPicks).
-constexpr size_t kPlanSmemMax =
-    44 * static_cast<size_t>(kStagedPointerExperts) + 12 * static_cast<size_t>(kStagedPicks);
-static_assert(20 * static_cast<size_t>(kMaxRouteExperts) + 12 * kStagedPicks <= kPlanSmemMax);
+// The most shared memory a plan launch asks for: the larger of n = kStagedPointerExperts with its
+// pointers staged and n = kMaxRouteExperts without, each with kPlanWarps counters and
+// kStagedPicks picks.
+constexpr size_t kPlanSmemStaged =
+    (4 * (4 + kPlanWarps) * size_t{kStagedPointerExperts} + 15) / 16 * 16 +
+    24 * size_t{kStagedPointerExperts} + 12 * size_t{kStagedPicks};
+constexpr size_t kPlanSmemLarge =
+    (4 * (4 + kPlanWarps) * size_t{kMaxRouteExperts} + 15) / 16 * 16 + 12 * size_t{kStagedPicks};
+constexpr size_t kPlanSmemMax = kPlanSmemStaged > kPlanSmemLarge ? kPlanSmemStaged : kPlanSmemLarge;
+static_assert(kPlanSmemMax <= 227 * 1024);
 
 // Where the kernel reads the picks and writes / reads their pair rows: shared memory when
 // staged, else the header and the plan's scratch. ptr: the staged slot pointers or nullptr.
@@ -89,6 +104,51 @@ __device__ void rank_picks(const PlanView& v, int64_t P, const int* first, int* 
     }
     __syncwarp();
   }
+}
+
+// The same pair rows with every warp walking a chunk of the picks: warp w takes picks
+// [w C, (w + 1) C) (C: P over the warps, rounded up to 32) as rank_picks does, against counters of
+// its own (runs + w n, zero at entry), and writes each pick's rank within its chunk; then each
+// expert's counters become their exclusive prefix over the warps (a thread per expert, the warps
+// in order), and each pick adds first[e] and its warp's prefix. A pick's rank is the count of
+// expert e's picks before it in pick order: those in earlier chunks plus those before it in its
+// own, the one-warp walk's number in P / (32 warps) steps of a warp instead of P / 32. Ends
+// synchronised.
+__device__ void rank_picks_warps(const PlanView& v, int64_t P, int n, const int* first, int* runs) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const unsigned lower_lanes = (1u << lane) - 1u;
+  const int64_t C = ((P + kPlanWarps - 1) / kPlanWarps + kWarpSize - 1) / kWarpSize * kWarpSize;
+  int* run = runs + static_cast<int64_t>(warp) * n;
+  const int64_t i1 = (warp + 1) * C < P ? (warp + 1) * C : P;
+  for (int64_t i0 = warp * C; i0 < i1; i0 += kWarpSize) {
+    const int64_t i = i0 + lane;
+    const bool on = i < i1;
+    const int e = on ? v.picks[i] : -1;
+    const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
+    const int base = on ? run[e] : 0;
+    __syncwarp();
+    if (on) {
+      v.pair[i] = base + __popc(peers & lower_lanes);
+      if (lane == 31 - __clz(peers)) run[e] = base + __popc(peers);
+    }
+    __syncwarp();
+  }
+  __syncthreads();
+  for (int e = static_cast<int>(threadIdx.x); e < n; e += kPlanThreads) {
+    int sum = 0;
+    for (int w = 0; w < kPlanWarps; ++w) {
+      const int c = runs[w * n + e];
+      runs[w * n + e] = sum;
+      sum += c;
+    }
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < P; i += kPlanThreads) {
+    const int e = v.picks[i];
+    v.pair[i] += first[e] + runs[static_cast<int64_t>(i / C) * n + e];
+  }
+  __syncthreads();
 }
 
 // Pick i into its expert's groups (gate at gfirst, up at P + gfirst, down at 2P + gfirst, chunks
@@ -239,7 +299,8 @@ __device__ void scan_experts(int n, int mmvq_max_rows, const int* cnt, int* firs
 // not the selection's, so these do not wait for the header). Then, in shared memory: the counts
 // per expert, their scan (pair rows and groups in ascending expert id), the picks' ranks
 // (rank_picks, warp 0) beside the experts' group headers (expert_groups, the other warps), and
-// one pass over the picks (pick_rows). Every step is a few shared loads deep: the plan was a
+// one pass over the picks (pick_rows); above kOneWarpPicks picks every warp ranks a chunk first
+// (rank_picks_warps), then the group headers. Every step is a few shared loads deep: the plan was a
 // chain of dependent round trips to L2 and a serial scan of the picks per expert, 20 us at
 // T = 8 beside the shared expert's GEMV (docs/performance.md).
 __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(PlanArgs a) {
@@ -259,7 +320,7 @@ __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(PlanArgs a) {
   int* first = cnt + n;
   int* uidx = first + n;
   int* gfirst = uidx + n;
-  int* run = gfirst + n;
+  int* run = gfirst + n;  // [S.runs][n]
   auto* sptr = reinterpret_cast<const uint8_t**>(smem + S.ptr);
   auto* spick = reinterpret_cast<int32_t*>(smem + S.pick);
   const int32_t* hpicks = a.hdr + RouteHeaderLayout::kPicks;
@@ -289,7 +350,8 @@ __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(PlanArgs a) {
       sptr[2 * n + e] = res ? a.slot_down[slot[j]] : nullptr;
     }
   }
-  for (int e = threadIdx.x; e < n; e += blockDim.x) cnt[e] = run[e] = 0;
+  for (int e = threadIdx.x; e < n; e += blockDim.x) cnt[e] = 0;
+  for (int e = threadIdx.x; e < S.runs * n; e += blockDim.x) run[e] = 0;
   __syncthreads();
   if (status != 0) {  // no valid routing: compute nothing
     for (int64_t i = threadIdx.x; i < P; i += blockDim.x) {
@@ -302,7 +364,8 @@ __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(PlanArgs a) {
   for (int64_t i = threadIdx.x; i < P; i += blockDim.x) atomicAdd(&cnt[v.picks[i]], 1);
   __syncthreads();
   scan_experts(n, a.mmvq_max_rows, cnt, first, uidx, gfirst, counts, &U_sh);
-  rank_picks(v, P, first, run);
+  if (S.runs > 1) rank_picks_warps(v, P, n, first, run);
+  else rank_picks(v, P, first, run);  // warp 0, beside the group headers of the other warps
   for (int e = threadIdx.x; e < n; e += blockDim.x)  // independent of the ranks
     if (cnt[e] > 0) expert_groups(a, v, e, cnt[e], uidx[e], U_sh, gfirst[e], groups);
   __syncthreads();  // the pair rows written (shared memory, or global memory of this block)

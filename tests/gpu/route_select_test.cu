@@ -185,13 +185,16 @@ TEST(RoutePlan, EqualsBuildLayerPlan_100Seeds) {
 
 // route_plan's shared-memory forms at their edges (cuda/route_plan.cu PlanSmem): P = T topk at
 // and over kStagedPicks (3072: the picks staged or read from the header), over 48 KB of shared
-// memory (the raised limit), and more than 1024 experts (slot pointers read, not staged).
+// memory (the raised limit), more than 1024 experts (slot pointers read, not staged), and at and
+// over kOneWarpPicks (64: warp 0 ranks the picks alone, or every warp a chunk; 65 leaves most
+// warps' chunks empty), with few experts (16: long runs of one expert across chunks).
 TEST(RoutePlan, EqualsBuildLayerPlan_StagingEdges) {
   MOECHECK_REQUIRE_GPU();
   const struct {
     int64_t n, k, T;
-  } shapes[] = {{384, 6, 512}, {384, 6, 513},  {1024, 6, 512}, {1024, 8, 400},
-                {2048, 6, 8},  {2048, 6, 520}, {1500, 3, 1},   {16, 4, 1000}};
+  } shapes[] = {{384, 6, 512},  {384, 6, 513}, {1024, 6, 512}, {1024, 8, 400}, {2048, 6, 8},
+                {2048, 6, 520}, {1500, 3, 1},  {16, 4, 1000},  {384, 8, 8},    {384, 5, 13},
+                {16, 4, 16},    {16, 4, 17},   {384, 6, 64},   {8, 1, 65},     {8, 8, 300}};
   uint64_t seed = 77;
   for (const auto& sh : shapes) {
     ++seed;
