@@ -151,6 +151,20 @@ __device__ void rank_picks_warps(const PlanView& v, int64_t P, int n, const int*
   __syncthreads();
 }
 
+// The three projections' first G groups zeroed by the whole block, word by word in order (each
+// warp's stores fill whole sectors), before any of their fields is written: the unused entries of
+// each expert's last group were 42 scattered 4-byte stores from one thread per one-pair expert.
+// Ends synchronised.
+__device__ void zero_groups(MmvqGroup* groups, int64_t P, int G) {
+  static_assert(sizeof(MmvqGroup) % 4 == 0);
+  constexpr int64_t kWords = sizeof(MmvqGroup) / 4;
+  for (int64_t j = 0; j < 3; ++j) {
+    int32_t* w = reinterpret_cast<int32_t*>(groups + j * P);
+    for (int64_t i = threadIdx.x; i < G * kWords; i += kPlanThreads) w[i] = 0;
+  }
+  __syncthreads();
+}
+
 // Pick i into its expert's groups (gate at gfirst, up at P + gfirst, down at 2P + gfirst, chunks
 // of kMaxGroupRows: the row of rank r in group r / 8, entry r % 8), its pair row into the scratch,
 // and its pair row and weight at the accumulation row of its rank among its token's picks by
@@ -175,8 +189,8 @@ __device__ void pick_rows(const PlanArgs& a, const PlanView& v, int64_t i, const
   weights[t0 + rank] = __int_as_float(v.wbits[i]);
 }
 
-// Expert e's groups past their rows: the unused entries of its last group zeroed, the slot and
-// row count of each, and its three slot pointers at used-expert index u.
+// Expert e's groups past their rows: the slot and row count of each (the unused entries of its
+// last group are zero: zero_groups), and its three slot pointers at used-expert index u.
 __device__ void expert_groups(const PlanArgs& a, const PlanView& v, int e, int cnt, int u, int U,
                               int gfirst, MmvqGroup* groups) {
   const int64_t P = a.T * a.k;
@@ -184,8 +198,6 @@ __device__ void expert_groups(const PlanArgs& a, const PlanView& v, int e, int c
     const int g = gfirst + c;
     const int nn =
         cnt - c * kMaxGroupRows < kMaxGroupRows ? cnt - c * kMaxGroupRows : kMaxGroupRows;
-    for (int ii = nn; ii < kMaxGroupRows; ++ii)
-      for (int64_t j = 0; j < 3; ++j) groups[j * P + g].a_row[ii] = groups[j * P + g].y_row[ii] = 0;
     groups[g].slot = u;
     groups[P + g].slot = U + u;
     groups[2 * P + g].slot = 2 * U + u;
@@ -246,9 +258,9 @@ __device__ __forceinline__ ExpertCounts shfl_up(const ExpertCounts& a, int o) {
 // its run's first pair row, used-expert index and first group: the MMVQ groups first, then the
 // MMQ groups of the experts with an even number of them, then the others' (core/layer_plan.h),
 // each part in ascending id. Thread blockDim - 1 writes the totals: counts {2G, G, U, Gs} and
-// *U_out. Ends synchronised.
+// *U_out and *G_out. Ends synchronised.
 __device__ void scan_experts(int n, int mmvq_max_rows, const int* cnt, int* first, int* uidx,
-                             int* gfirst, int32_t* counts, int* U_out) {
+                             int* gfirst, int32_t* counts, int* U_out, int* G_out) {
   __shared__ ExpertCounts warp_sum[kPlanThreads / kWarpSize];
   const int per = (n + kPlanThreads - 1) / kPlanThreads;
   const int e0 = static_cast<int>(threadIdx.x) * per, e1 = min(e0 + per, n);
@@ -289,6 +301,7 @@ __device__ void scan_experts(int n, int mmvq_max_rows, const int* cnt, int* firs
     counts[2] = base.used;
     counts[3] = base.small;
     *U_out = base.used;
+    *G_out = G;
   }
   __syncthreads();
 }
@@ -305,7 +318,7 @@ __device__ void scan_experts(int n, int mmvq_max_rows, const int* cnt, int* firs
 // T = 8 beside the shared expert's GEMV (docs/performance.md).
 __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(PlanArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ int U_sh;
+  __shared__ int U_sh, G_sh;
   const int n = static_cast<int>(a.n);
   const int64_t P = a.T * a.k;
   const DevicePlanLayout D(a.T, a.k);
@@ -363,7 +376,8 @@ __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(PlanArgs a) {
   }
   for (int64_t i = threadIdx.x; i < P; i += blockDim.x) atomicAdd(&cnt[v.picks[i]], 1);
   __syncthreads();
-  scan_experts(n, a.mmvq_max_rows, cnt, first, uidx, gfirst, counts, &U_sh);
+  scan_experts(n, a.mmvq_max_rows, cnt, first, uidx, gfirst, counts, &U_sh, &G_sh);
+  zero_groups(groups, P, G_sh);
   if (S.runs > 1) rank_picks_warps(v, P, n, first, run);
   else rank_picks(v, P, first, run);  // warp 0, beside the group headers of the other warps
   for (int e = threadIdx.x; e < n; e += blockDim.x)  // independent of the ranks
