@@ -103,22 +103,87 @@ __global__ void __launch_bounds__(kRouterStagedThreads, 4)
 // kRouterGemmRows rows x kRouterGemmTokens tokens, and its thread t runs chain t (chunks t,
 // t + 256, ... in increasing order, each chunk's 8 values in order, from +0) of all 64 outputs,
 // so every chain is still one thread's fma sequence in the contract's order; only the outputs
-// are interleaved. The partials then go through shared memory, 32 outputs a round, and each
-// output is folded as the staged kernel folds it (p = part[l], then part[l + 32 w] for w = 1..7
-// in order, then the butterfly), by one warp. Each weight chunk a thread loads serves 8 tokens
-// and each x chunk 8 rows, where the staged kernel reads a token's x once per row (384 times at
-// ds41): 0.36 against 0.16 ms at T = 512 (docs/performance.md). Rows past `rows` and
-// tokens past T load the last row / token (valid memory) and are never stored. Then every warp
-// of the grid writes q8_1 blocks of x (grid-stride), as the staged launch's spare warps do.
+// are interleaved. Each weight chunk a thread loads serves 8 tokens and each x chunk 8 rows,
+// where the staged kernel reads a token's x once per row (384 times at ds41).
+// A thread's chunks are copied into shared memory by 16-byte cp.async, kGemmStages chunks (8
+// weight rows and 8 tokens each) asked for at once, each chunk its own group, and computed as
+// their groups land: one round trip a round of kGemmStages x 256 chunks (one at K <= 6144),
+// where loads into registers cost one round trip a chunk (the former form: 24.9 us at T = 64 and
+// 162 us at T = 512 on the H200, docs/performance.md). No other thread reads a thread's slots,
+// so no barrier orders them. The partials then go through shared memory (the same bytes, after
+// a barrier), 32 outputs a round, and each output is folded as the staged kernel folds it
+// (p = part[l], then part[l + 32 w] for w = 1..7 in order, then the butterfly), by one warp.
+// Rows past `rows` and tokens past T load the last row / token (valid memory) and are never
+// stored. Then every warp of the grid writes q8_1 blocks of x (grid-stride), as the staged
+// launch's spare warps do.
 constexpr int kRouterGemmRows = 8;
 constexpr int kRouterGemmTokens = 8;
 constexpr int kRouterGemmRound = 32;  // outputs folded per round (4 rows x 8 tokens)
+constexpr int kGemmStages = 3;        // chunks a thread has in flight
+// Slot (u, i, thread) of the weight (i < 8) or token (i >= 8) operand: consecutive threads'
+// 16-byte slots are consecutive (no bank conflict on the 16-byte shared loads).
+constexpr int kGemmSlots =
+    kGemmStages * (kRouterGemmRows + kRouterGemmTokens) * kRouterStagedThreads;
+constexpr size_t kRouterGemmSmem = sizeof(uint4) * kGemmSlots;  // 192 KB
+static_assert(sizeof(float) * kRouterGemmRound * kRouterStagedThreads <= kRouterGemmSmem);
+
+__device__ __forceinline__ void gemm_cp_async16(uint4* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src)
+               : "memory");
+}
+
+template <int kPending>
+__device__ __forceinline__ void gemm_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// Chunk u of the round (slots u): the 64 outputs' fma steps, in the staged contract's order.
+template <bool kF16W>
+__device__ __forceinline__ void gemm_chunk(const uint4* slots, int u, int tid,
+                                           float (&acc)[kRouterGemmRows][kRouterGemmTokens]) {
+  constexpr int kOps = kRouterGemmRows + kRouterGemmTokens;
+  uint4 wv[kRouterGemmRows], xv[kRouterGemmTokens];
+#pragma unroll
+  for (int r = 0; r < kRouterGemmRows; ++r)
+    wv[r] = slots[(u * kOps + r) * kRouterStagedThreads + tid];
+#pragma unroll
+  for (int n = 0; n < kRouterGemmTokens; ++n)
+    xv[n] = slots[(u * kOps + kRouterGemmRows + n) * kRouterStagedThreads + tid];
+  float xf[kRouterGemmTokens][kGemvChunk];
+#pragma unroll
+  for (int n = 0; n < kRouterGemmTokens; ++n) {
+    const uint32_t xw[4] = {xv[n].x, xv[n].y, xv[n].z, xv[n].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      xf[n][2 * i] = bf16_lo(xw[i]);
+      xf[n][2 * i + 1] = bf16_hi(xw[i]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRouterGemmRows; ++r) {
+    const uint32_t ww[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      // Values j = 2 i (the word's low half) and 2 i + 1, in order, as bf16_chunk_fma.
+      const float lo = kF16W ? f16_bits_to_f32(static_cast<uint16_t>(ww[i])) : bf16_lo(ww[i]);
+      const float hi = kF16W ? f16_bits_to_f32(static_cast<uint16_t>(ww[i] >> 16)) : bf16_hi(ww[i]);
+#pragma unroll
+      for (int n = 0; n < kRouterGemmTokens; ++n) acc[r][n] = fma_rn(lo, xf[n][2 * i], acc[r][n]);
+#pragma unroll
+      for (int n = 0; n < kRouterGemmTokens; ++n)
+        acc[r][n] = fma_rn(hi, xf[n][2 * i + 1], acc[r][n]);
+    }
+  }
+}
 
 template <bool kF16W>
 __global__ void __launch_bounds__(kRouterStagedThreads, 1)
     router_gemm_kernel(const uint16_t* __restrict__ w, const uint16_t* __restrict__ x,
                        float* __restrict__ y, int64_t rows, int64_t K, int64_t T, BlockQ8_1* xq) {
-  __shared__ float part[kRouterGemmRound][kRouterStagedThreads];
+  extern __shared__ uint4 gemm_slots[];
+  constexpr int kOps = kRouterGemmRows + kRouterGemmTokens;
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kRouterGemmTokens;
@@ -141,51 +206,48 @@ __global__ void __launch_bounds__(kRouterStagedThreads, 1)
 #pragma unroll
     for (int n = 0; n < kRouterGemmTokens; ++n) acc[r][n] = 0.0f;
 
-  for (int64_t c = tid; c < nchunks; c += kRouterStagedThreads) {
-    // Every load of the chunk in flight together: 8 weight rows and 8 tokens.
-    uint4 wv[kRouterGemmRows], xv[kRouterGemmTokens];
+  constexpr int64_t kRoundChunks = static_cast<int64_t>(kGemmStages) * kRouterStagedThreads;
+  for (int64_t c0 = tid; c0 < nchunks; c0 += kRoundChunks) {
+    // Every chunk of the round asked for, one commit group each (empty past K: the counts of
+    // the waits below stay the same).
 #pragma unroll
-    for (int r = 0; r < kRouterGemmRows; ++r)
-      wv[r] = __ldg(reinterpret_cast<const uint4*>(wrow[r] + c * kGemvChunk));
+    for (int u = 0; u < kGemmStages; ++u) {
+      const int64_t c = c0 + static_cast<int64_t>(u) * kRouterStagedThreads;
+      if (c < nchunks) {
 #pragma unroll
-    for (int n = 0; n < kRouterGemmTokens; ++n)
-      xv[n] = __ldg(reinterpret_cast<const uint4*>(xrow[n] + c * kGemvChunk));
-    float xf[kRouterGemmTokens][kGemvChunk];
-#pragma unroll
-    for (int n = 0; n < kRouterGemmTokens; ++n) {
-      const uint32_t xw[4] = {xv[n].x, xv[n].y, xv[n].z, xv[n].w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        xf[n][2 * i] = bf16_lo(xw[i]);
-        xf[n][2 * i + 1] = bf16_hi(xw[i]);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kRouterGemmRows; ++r) {
-      const uint32_t ww[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        // Values j = 2 i (the word's low half) and 2 i + 1, in order, as bf16_chunk_fma.
-        const float lo = kF16W ? f16_bits_to_f32(static_cast<uint16_t>(ww[i])) : bf16_lo(ww[i]);
-        const float hi =
-            kF16W ? f16_bits_to_f32(static_cast<uint16_t>(ww[i] >> 16)) : bf16_hi(ww[i]);
-#pragma unroll
-        for (int n = 0; n < kRouterGemmTokens; ++n) acc[r][n] = fma_rn(lo, xf[n][2 * i], acc[r][n]);
+        for (int r = 0; r < kRouterGemmRows; ++r)
+          gemm_cp_async16(gemm_slots + (u * kOps + r) * kRouterStagedThreads + tid,
+                          wrow[r] + c * kGemvChunk);
 #pragma unroll
         for (int n = 0; n < kRouterGemmTokens; ++n)
-          acc[r][n] = fma_rn(hi, xf[n][2 * i + 1], acc[r][n]);
+          gemm_cp_async16(
+              gemm_slots + (u * kOps + kRouterGemmRows + n) * kRouterStagedThreads + tid,
+              xrow[n] + c * kGemvChunk);
       }
+      asm volatile("cp.async.commit_group;" ::: "memory");
     }
+    static_assert(kGemmStages == 3, "the waits below name the pending groups of 3 stages");
+    gemm_cp_async_wait<2>();
+    gemm_chunk<kF16W>(gemm_slots, 0, tid, acc);
+    if (c0 + kRouterStagedThreads >= nchunks) break;
+    gemm_cp_async_wait<1>();
+    gemm_chunk<kF16W>(gemm_slots, 1, tid, acc);
+    if (c0 + 2 * kRouterStagedThreads >= nchunks) break;
+    gemm_cp_async_wait<0>();
+    gemm_chunk<kF16W>(gemm_slots, 2, tid, acc);
   }
+  gemm_cp_async_wait<0>();  // a thread that left early still owns copies in flight
 
   // Two rounds of 32 outputs (rows 4 g .. 4 g + 3 of the tile): every thread stores its chains,
   // then warp v folds outputs 4 v .. 4 v + 3 of the round (row 4 g + v / 2, tokens 4 (v % 2) ..).
+  // The partials reuse the slots once every thread is past its chunks.
+  float(*part)[kRouterStagedThreads] = reinterpret_cast<float(*)[kRouterStagedThreads]>(gemm_slots);
   constexpr int kRoundRows = kRouterGemmRound / kRouterGemmTokens;
   static_assert(kRouterGemmRows % kRoundRows == 0 && kRouterGemmRound % kRouterStagedWarps == 0);
   constexpr int kPerWarp = kRouterGemmRound / kRouterStagedWarps;
 #pragma unroll
   for (int g = 0; g < kRouterGemmRows / kRoundRows; ++g) {
-    if (g > 0) __syncthreads();  // the previous round's folds have read part
+    __syncthreads();  // every thread is past its chunks (g = 0) or the previous round's folds
 #pragma unroll
     for (int i = 0; i < kRouterGemmRound; ++i)
       part[i][tid] = acc[g * kRoundRows + i / kRouterGemmTokens][i % kRouterGemmTokens];
@@ -216,10 +278,17 @@ __global__ void __launch_bounds__(kRouterStagedThreads, 1)
 template <bool kF16W>
 void launch_router_gemm(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K,
                         int64_t T, BlockQ8_1* xq, void* stream) {
+  static bool smem_set = false;  // process-wide, like the other launches' limits
+  if (!smem_set) {
+    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(router_gemm_kernel<kF16W>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(kRouterGemmSmem)));
+    smem_set = true;
+  }
   const dim3 grid(static_cast<unsigned>((T + kRouterGemmTokens - 1) / kRouterGemmTokens),
                   static_cast<unsigned>((rows + kRouterGemmRows - 1) / kRouterGemmRows));
-  pdl::launch(router_gemm_kernel<kF16W>, grid, dim3(kRouterStagedThreads), 0, as_stream(stream), w,
-              x, y, rows, K, T, xq);
+  pdl::launch(router_gemm_kernel<kF16W>, grid, dim3(kRouterStagedThreads), kRouterGemmSmem,
+              as_stream(stream), w, x, y, rows, K, T, xq);
 }
 
 // One launch of router_staged_kernel<kF16W, kN> over `groups` groups of kN tokens from t_first.

@@ -110,6 +110,35 @@ TEST(RouterGemv, Ds41Router384x5120_StagedGemm_T64_T512_Twice) {
   }
 }
 
+// The GEMM copies a thread's chunks in rounds of 3 x 256 (cuda/router_gemv.cu): K at one full
+// round (768 chunks), one chunk past it, several rounds with a ragged last one, bf16 and f16
+// weights, ragged rows and tokens, twice each, bitwise equal to the emulation.
+TEST(RouterGemv, StagedGemmEqualsEmu_RoundsOfChunks_BothWeightTypes) {
+  MOECHECK_REQUIRE_GPU();
+  for (const int64_t K : {6144, 6152, 12800, 18440}) {
+    for (const GgmlType wt : {GgmlType::kBF16, GgmlType::kF16}) {
+      const uint64_t seed = 4700 + static_cast<uint64_t>(K) + (wt == GgmlType::kF16 ? 1 : 0);
+      emutest::Gen g(seed);
+      const int64_t rows = 13, T = K % 3 == 0 ? 9 : 20;
+      const auto w = g.bf16(rows * K, 0.02), x = g.bf16(T * K, 1.0);
+      std::vector<float> want(static_cast<size_t>(T * rows));
+      emu::router_gemv(RouterVariant::kStaged, w.data(), x.data(), want.data(), rows, K, T, wt);
+      DevArray<uint16_t> dw(w), dx(x);
+      DevArray<float> dy(want.size());
+      for (int rep = 0; rep < 2; ++rep) {
+        dy.poison();
+        cuda::router_gemv(RouterVariant::kStaged, dw.get(), dx.get(), dy.get(), rows, K, T, nullptr,
+                          wt);
+        ASSERT_TRUE(same_f32("router logits (GEMM, rounds)", dy.host(), want, rows,
+                             gputest::repro(seed, "staged rows=13 K=" + std::to_string(K) +
+                                                      " T=" + std::to_string(T) +
+                                                      (wt == GgmlType::kF16 ? " f16" : " bf16") +
+                                                      " run " + std::to_string(rep))));
+      }
+    }
+  }
+}
+
 // q8_1 of x written by the router's launch (the device route's form): the bytes of
 // emu::quantize_q8_1_bf16 and the logits unchanged, both variants, T from 1 to 40 (more q8_1
 // blocks than the staged grid has spare warps at small row counts: the grid-stride loop), NaN
