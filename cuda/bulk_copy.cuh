@@ -1,8 +1,9 @@
-// Bulk copies into shared memory (cp.async.bulk, completing on an mbarrier) and the mbarrier
-// operations they need, for sm_90. Loads only: nothing here touches the arithmetic of
-// docs/numerics.md. Used by cuda/gemv_stream.cu, the tensor-core MMVQ engine
-// (cuda/mmvq_tc_pipeline.cuh, cuda/mmvq_tc.cu) and the shared expert's GEMM (cuda/bf16_gemm.cu,
-// the 2-D tile copies).
+// Copies into shared memory for sm_90: bulk copies (cp.async.bulk, completing on an mbarrier),
+// the mbarrier operations they need, and the per-thread 16-byte cp.async with its commit groups.
+// Loads only: nothing here touches the arithmetic of docs/numerics.md. Used by
+// cuda/gemv_stream.cu, the tensor-core MMVQ engine (cuda/mmvq_tc_pipeline.cuh, cuda/mmvq_tc.cu),
+// the shared expert's GEMM (cuda/bf16_gemm.cu, the 2-D tile copies), MMQ (cuda/mmq.cu) and the
+// staged router's GEMM form (cuda/router_gemv.cu).
 #pragma once
 
 #include <cstdint>
@@ -77,6 +78,32 @@ __device__ __forceinline__ void tile_copy_2d(void* dst, const void* map, int c0,
       " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
       : "memory");
+}
+
+// 16 bytes from 16-byte aligned global src to 16-byte aligned shared dst by the issuing thread
+// (cp.async.cg: cached in L2 only), part of the thread's open commit group.
+__device__ __forceinline__ void async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src)
+               : "memory");
+}
+
+// Closes the thread's open group of async16 copies (an empty group if it issued none).
+__device__ __forceinline__ void async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Waits until at most kPending of the thread's committed groups are still in flight; the bytes
+// of the others are then visible to this thread (other threads need a barrier after it).
+template <int kPending>
+__device__ __forceinline__ void async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// One arrival on bar once every async16 copy this thread issued so far has landed; the arrival
+// does not count towards bar's expected count (.noinc: the count includes it already).
+__device__ __forceinline__ void async_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar))
+               : "memory");
 }
 
 }  // namespace moecheck::cuda::bulk

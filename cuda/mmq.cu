@@ -32,6 +32,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "cuda/bulk_copy.cuh"
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
 #include "cuda/kernels.h"
@@ -140,12 +141,6 @@ __device__ __forceinline__ int64_t next_item(const MmqArgs& p, int64_t it, int64
   return it;
 }
 
-__device__ __forceinline__ void cp_async16(uint8_t* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src));
-}
-
 // Round r of item m into stage buffer `st`: per row the 16-byte chunks covering its blocks
 // 4r .. 4r + nsb_r - 1, per token column its q8_1 blocks 32r .. 32r + 8 nsb_r - 1. Pair items:
 // 8 threads a row (32 rows), 16 a column (16 columns); single items: 4 a row (64), 32 a column
@@ -166,7 +161,7 @@ __device__ void load_round(const MmqArgs& p, const Item& m, int r, int nsb, uint
     const int chunks = static_cast<int>((src + nsb_r * Q<kQ2K>::kBlock - a16 + 15) / 16);
     uint8_t* dst = st + row * Q<kQ2K>::kStride;
     for (int ch = static_cast<int>(threadIdx.x) % tpr; ch < chunks; ch += tpr)
-      cp_async16(dst + 16 * ch, reinterpret_cast<const void*>(a16 + 16 * ch));
+      bulk::async16(dst + 16 * ch, reinterpret_cast<const void*>(a16 + 16 * ch));
   }
   const int col = static_cast<int>(threadIdx.x) / tpc, i = col % kMaxGroupRows;
   const bool h1 = col >= kMaxGroupRows;  // selects, not a run-time index into the item
@@ -176,9 +171,9 @@ __device__ void load_round(const MmqArgs& p, const Item& m, int r, int nsb, uint
     uint8_t* dst = st + Q<kQ2K>::kWeights + col * kActStride;
     const int chunks = nsb_r * 18;  // 8 blocks of 36 bytes per super-block: 18 chunks
     for (int ch = static_cast<int>(threadIdx.x) % tpc; ch < chunks; ch += tpc)
-      cp_async16(dst + 16 * ch, src + 16 * ch);
+      bulk::async16(dst + 16 * ch, src + 16 * ch);
   }
-  asm volatile("cp.async.commit_group;");
+  bulk::async_commit();
 }
 
 // The lane's chains for round r from stage buffer st: acc[a][bb][part][output], part the half
@@ -344,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(MmqArgs p) {
       }
       // One barrier per step: this step's round has landed (the only copy group in flight) and
       // every warp has finished the previous step, whose buffer the next round then refills.
-      asm volatile("cp.async.wait_group 0;");
+      bulk::async_wait<0>();
       __syncthreads();
       if (more) load_round<kQ2K, kCheck>(p, m1, r1, nsb, smem + (buf ^ 1) * Q<kQ2K>::kStage);
       if (m.wide) compute_round<kQ2K, true>(m, r, nsb, smem + buf * Q<kQ2K>::kStage, acc);

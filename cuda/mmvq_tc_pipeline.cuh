@@ -148,15 +148,11 @@ __device__ __forceinline__ void issue_async(const Ctx& c, const Cursor& q, int k
       const uintptr_t s = first + static_cast<uintptr_t>(r * c.p.row_bytes);
       const uintptr_t a = s & ~uintptr_t{15};
       if (a + 16 * static_cast<uintptr_t>(j) >= s + nb * kBB) continue;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                       bulk::smem_addr(stage + i * slot_bytes(kBB) + 16 * j)),
-                   "l"(a + 16 * static_cast<uintptr_t>(j))
-                   : "memory");
+      bulk::async16(stage + i * slot_bytes(kBB) + 16 * j,
+                    reinterpret_cast<const void*>(a + 16 * static_cast<uintptr_t>(j)));
     }
   }
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
-                   bulk::smem_addr(reinterpret_cast<uint64_t*>(c.smem + c.L.full) + k))
-               : "memory");
+  bulk::async_arrive_noinc(reinterpret_cast<uint64_t*>(c.smem + c.L.full) + k);
 }
 
 // Activation row ar into the block's staging (all kThreads threads; the caller synchronises

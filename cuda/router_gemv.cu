@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "cuda/bulk_copy.cuh"
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
 #include "cuda/gemv_plain.cuh"
@@ -127,18 +128,6 @@ constexpr int kGemmSlots =
 constexpr size_t kRouterGemmSmem = sizeof(uint4) * kGemmSlots;  // 192 KB
 static_assert(sizeof(float) * kRouterGemmRound * kRouterStagedThreads <= kRouterGemmSmem);
 
-__device__ __forceinline__ void gemm_cp_async16(uint4* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src)
-               : "memory");
-}
-
-template <int kPending>
-__device__ __forceinline__ void gemm_cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
-
 // Chunk u of the round (slots u): the 64 outputs' fma steps, in the staged contract's order.
 template <bool kF16W>
 __device__ __forceinline__ void gemm_chunk(const uint4* slots, int u, int tid,
@@ -216,27 +205,26 @@ __global__ void __launch_bounds__(kRouterStagedThreads, 1)
       if (c < nchunks) {
 #pragma unroll
         for (int r = 0; r < kRouterGemmRows; ++r)
-          gemm_cp_async16(gemm_slots + (u * kOps + r) * kRouterStagedThreads + tid,
-                          wrow[r] + c * kGemvChunk);
+          bulk::async16(gemm_slots + (u * kOps + r) * kRouterStagedThreads + tid,
+                        wrow[r] + c * kGemvChunk);
 #pragma unroll
         for (int n = 0; n < kRouterGemmTokens; ++n)
-          gemm_cp_async16(
-              gemm_slots + (u * kOps + kRouterGemmRows + n) * kRouterStagedThreads + tid,
-              xrow[n] + c * kGemvChunk);
+          bulk::async16(gemm_slots + (u * kOps + kRouterGemmRows + n) * kRouterStagedThreads + tid,
+                        xrow[n] + c * kGemvChunk);
       }
-      asm volatile("cp.async.commit_group;" ::: "memory");
+      bulk::async_commit();
     }
     static_assert(kGemmStages == 3, "the waits below name the pending groups of 3 stages");
-    gemm_cp_async_wait<2>();
+    bulk::async_wait<2>();
     gemm_chunk<kF16W>(gemm_slots, 0, tid, acc);
     if (c0 + kRouterStagedThreads >= nchunks) break;
-    gemm_cp_async_wait<1>();
+    bulk::async_wait<1>();
     gemm_chunk<kF16W>(gemm_slots, 1, tid, acc);
     if (c0 + 2 * kRouterStagedThreads >= nchunks) break;
-    gemm_cp_async_wait<0>();
+    bulk::async_wait<0>();
     gemm_chunk<kF16W>(gemm_slots, 2, tid, acc);
   }
-  gemm_cp_async_wait<0>();  // a thread that left early still owns copies in flight
+  bulk::async_wait<0>();  // a thread that left early still owns copies in flight
 
   // Two rounds of 32 outputs (rows 4 g .. 4 g + 3 of the tile): every thread stores its chains,
   // then warp v folds outputs 4 v .. 4 v + 3 of the round (row 4 g + v / 2, tokens 4 (v % 2) ..).
