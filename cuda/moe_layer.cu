@@ -28,8 +28,8 @@ void check_options(const LayerWeights& w, const LayerOptions& o, const ExpertLru
   if (!expert_warps_allowed(o.expert_warps))
     throw InputError(where + "options: expert_warps must be 2, 4 or 8, found " +
                      std::to_string(o.expert_warps));
-  if (o.mmq_beside < 0 || o.mmq_beside > 2)
-    throw InputError(where + "options: mmq_beside must be 0, 1 or 2, found " +
+  if (o.mmq_beside < kMmqBesideAuto || o.mmq_beside > 2)
+    throw InputError(where + "options: mmq_beside must be 0, 1, 2 or -1 (auto), found " +
                      std::to_string(o.mmq_beside));
   if (o.mmvq_max_rows < kMmvqRowsAuto || o.mmvq_max_rows > kMaxGroupRows)
     throw InputError(where + "options: mmvq_max_rows must be in [0, 8] or -1 (auto), found " +

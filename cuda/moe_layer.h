@@ -42,6 +42,15 @@ inline constexpr int kMmvqRowsAuto = -1;
 // The split kMmvqRowsAuto takes above kMaxGroupRows tokens: experts of 5 - 8 pairs on MMQ.
 inline constexpr int kBatchedMmvqMaxRows = 4;
 
+// LayerOptions::mmq_beside: the default, which picks the MMQ launches' stream by the forward's
+// token count (mmq_beside_at): beside the MMVQ launches at the side stream's priority (2) for
+// kMmqBesideLowMinTokens .. kMmqBesideLowMaxTokens tokens, at the main stream's (1) above that up
+// to kMmqBesideHighMaxTokens, after them on the main stream (0) elsewhere.
+inline constexpr int kMmqBesideAuto = -1;
+inline constexpr int64_t kMmqBesideLowMinTokens = 48;
+inline constexpr int64_t kMmqBesideLowMaxTokens = 112;
+inline constexpr int64_t kMmqBesideHighMaxTokens = 128;
+
 struct LayerOptions {
   RouterVariant router = RouterVariant::kStaged;
   int expert_warps = kDefaultExpertWarps;  // 2, 4 or 8 warps per MMVQ block; no bit depends on it
@@ -100,11 +109,14 @@ struct LayerOptions {
   // launch of the same projection on the main stream; 1 on a stream of their own at the main
   // stream's priority, 2 at the side stream's, beside the MMVQ launch (two graph branches joined
   // before SwiGLU and before the accumulation), so their blocks can take the multiprocessors the
-  // MMVQ launch's tail leaves. No bit depends on it. Off by default: on the H100 (2026-12-05,
-  // batched_bench beside, two sweeps) it was 0.7 - 1.7 % faster at T = 16 and 64 - 128, 2.8 -
-  // 3.1 % slower at 32 and 0.3 - 2.7 % slower at 192 - 384, and the sweeps disagreed at 512; not
-  // yet timed on an H200 (docs/performance.md, twenty-fifth session).
-  int mmq_beside = 0;
+  // MMVQ launch's tail leaves. No bit depends on it. kMmqBesideAuto (the default; mmq_beside_at)
+  // picks by T from the H100's sweeps (2026-12-05 and 06, batched_bench beside, five sweeps at
+  // 64 tokens, two at 48 to 112): 2 was up to 2.5 % faster at 48 to 96 tokens (never slower) and
+  // 4.7 to 6.9 % at 112, 1 was 0.4 to 1.9 % faster at 128; both were 1.6 to 3.6 % slower at 24 to
+  // 40 tokens (the shared expert's GEMM then takes the multiprocessors before the MMVQ launch
+  // does) and 0.3 to 3.2 % slower at 192 to 384. Not yet timed on an H200 (docs/performance.md,
+  // twenty-seventh session).
+  int mmq_beside = kMmqBesideAuto;
   // The largest T a forward takes (> 0: every scratch buffer is allocated for it at construction
   // and a larger T is refused with an InputError naming it; 0: buffers grow with the largest T
   // seen, which drops the captured graphs when they move).
@@ -126,6 +138,15 @@ inline int gate_up_stream_warps(const LayerOptions& o, int64_t T) {
 inline int mmvq_max_rows_at(const LayerOptions& o, int64_t T) {
   if (o.mmvq_max_rows != kMmvqRowsAuto) return o.mmvq_max_rows;
   return T > kMaxGroupRows ? kBatchedMmvqMaxRows : kMaxGroupRows;
+}
+
+// Where LayerOptions puts the MMQ launches of a forward of T tokens (LayerOptions::mmq_beside):
+// 0, 1 or 2 as that field describes.
+inline int mmq_beside_at(const LayerOptions& o, int64_t T) {
+  if (o.mmq_beside != kMmqBesideAuto) return o.mmq_beside;
+  if (T >= kMmqBesideLowMinTokens && T <= kMmqBesideLowMaxTokens) return 2;
+  if (T > kMmqBesideLowMaxTokens && T <= kMmqBesideHighMaxTokens) return 1;
+  return 0;
 }
 
 // The fork point LayerOptions gives a forward of T tokens (the shared_fork_* fields above).

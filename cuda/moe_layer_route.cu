@@ -137,8 +137,9 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
   // MMVQ launch of the same projection and joined before the launch that reads both (SwiGLU, the
   // accumulation): in a graph, two branches. They write other rows of the same outputs.
   const bool mmq_on = T > mmvq_max_rows_at(o, T);
-  const bool beside = mmq_on && o.mmq_beside != 0;
-  cudaStream_t mq = !beside ? main : o.mmq_beside == 2 ? mmq_low : mmq_high;
+  const int beside_at = mmq_beside_at(o, T);
+  const bool beside = mmq_on && beside_at != 0;
+  cudaStream_t mq = !beside ? main : beside_at == 2 ? mmq_low : mmq_high;
   auto mmq_fork = [&](int i) {
     MOECHECK_CUDA_CHECK(cudaEventRecord(ev_mmq[2 * i], main));
     MOECHECK_CUDA_CHECK(cudaStreamWaitEvent(mq, ev_mmq[2 * i], 0));

@@ -170,7 +170,7 @@ double router_us(const LayerWeights& w) {
 // router_gemm = 0 / 1 (cuda::set_router_gemm: the staged router's GEMM above 8 tokens), step = 0 /
 // 4 / 8 (cuda::set_mmvq_stream_step: the streamed MMVQ's super-blocks a row a step), head = -1..8
 // (cuda::set_mmvq_stream_head: the steps a warp issues before its block stages the activations),
-// mmq_beside = 0..2 (LayerOptions::mmq_beside).
+// mmq_beside = -1..2 (LayerOptions::mmq_beside; -1 the default by T).
 static bool apply_keys(const std::vector<std::string>& kv, cuda::LayerOptions& lo,
                        const char* mode) {
   bool whole_sm = false;
@@ -188,7 +188,7 @@ static bool apply_keys(const std::vector<std::string>& kv, cuda::LayerOptions& l
     else if (k == "gu_warps" && v >= 0) lo.gate_up_stream_warps = v;
     else if (k == "down_warps" && v >= 0) lo.down_stream_warps = v;
     else if (k == "prefetch_plan" && (v == 0 || v == 1)) lo.prefetch_plan = v == 1;
-    else if (k == "mmq_beside" && v >= 0 && v <= 2) lo.mmq_beside = v;
+    else if (k == "mmq_beside" && v >= -1 && v <= 2) lo.mmq_beside = v;
     else if (k == "x_staged" && (v == 0 || v == 1)) cuda::set_bf16_gemv_x_staged(v == 1);
     else if (k == "tok_blocks" && v >= 0 && v <= 32) cuda::set_bf16_gemv_tokens_blocks(v);
     else if (k == "stream_tokens" && v >= 0) cuda::set_mmvq_stream_layer_tokens(v);

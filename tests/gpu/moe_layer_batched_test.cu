@@ -31,9 +31,12 @@ std::vector<Variant> batched_variants() {
           {4, RouterVariant::kStaged, true, true, kHost, 8},
           {8, RouterVariant::kStaged, true, true, kDevice, 8},
           // The MMQ launches beside the MMVQ launches (LayerOptions::mmq_beside), in a graph at
-          // the main stream's priority and without graphs at the side stream's.
+          // the main stream's priority and without graphs at the side stream's; after them on the
+          // main stream at every T (the default does that only outside 48 - 128 tokens).
           {8, RouterVariant::kStaged, true, true, kDevice, cuda::kMmvqRowsAuto, false, -1, 0, 0,
            true, 1},
+          {8, RouterVariant::kStaged, true, true, kDevice, cuda::kMmvqRowsAuto, false, -1, 0, 0,
+           true, 0},
           {8, RouterVariant::kStaged, true, false, kDevice, cuda::kMmvqRowsAuto, false, -1, 0, 0,
            true, 2}};
 }
@@ -240,10 +243,28 @@ TEST(CudaMoeLayerBatched, MmvqMaxRowsAt_DefaultAndExplicit) {
   }
 }
 
+// Where the options put the MMQ launches at each T (host only): by default after the MMVQ
+// launches below 48 tokens and above 128, beside them at the side stream's priority at 48 - 112
+// and at the main stream's at 113 - 128; an explicit setting holds at every T.
+TEST(CudaMoeLayerBatched, MmqBesideAt_DefaultAndExplicit) {
+  const cuda::LayerOptions d;
+  ASSERT_EQ(d.mmq_beside, cuda::kMmqBesideAuto);
+  for (int64_t T = 1; T <= 5000; ++T) {
+    const int want = T >= 48 && T <= 112 ? 2 : T > 112 && T <= 128 ? 1 : 0;
+    ASSERT_EQ(cuda::mmq_beside_at(d, T), want) << "repro: default LayerOptions, T=" << T;
+  }
+  for (int b = 0; b <= 2; ++b) {
+    cuda::LayerOptions o;
+    o.mmq_beside = b;
+    for (int64_t T : {1, 9, 32, 48, 64, 112, 113, 128, 129, 512, 4096})
+      EXPECT_EQ(cuda::mmq_beside_at(o, T), b) << "repro: mmq_beside " << b << ", T=" << T;
+  }
+}
+
 TEST(CudaMoeLayerBatched, BadMmqBesideThrows) {
   MOECHECK_REQUIRE_GPU();
   const LayerWeights w = generate_layer(preset_options("tiny"), 0);
-  for (int bad : {-1, 3}) {
+  for (int bad : {-2, 3}) {
     cuda::LayerOptions co;
     co.mmq_beside = bad;
     EXPECT_THROW(cuda::MoeLayer(w, co), InputError) << "mmq_beside=" << bad;

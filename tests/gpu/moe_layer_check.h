@@ -72,7 +72,7 @@ struct Variant {
   int fork = -1;  // -1: the default fork points; else the SharedFork for every T
   int gu_warps = 0, down_warps = 0;  // LayerOptions::gate_up_stream_warps, down_stream_warps
   bool prefetch_plan = true;         // LayerOptions::prefetch_plan
-  int mmq_beside = 0;                // LayerOptions::mmq_beside
+  int mmq_beside = cuda::kMmqBesideAuto;  // LayerOptions::mmq_beside
   std::string name() const {
     std::string s = "W";  // appended step by step: GCC 12 warns falsely (-Wrestrict) on a + chain
     s += std::to_string(warps);
@@ -96,7 +96,7 @@ struct Variant {
       s += std::to_string(down_warps);
     }
     if (!prefetch_plan) s += "_noplanprefetch";
-    if (mmq_beside != 0) {
+    if (mmq_beside != cuda::kMmqBesideAuto) {
       s += "_mmqbeside";
       s += std::to_string(mmq_beside);
     }
