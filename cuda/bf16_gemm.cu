@@ -255,12 +255,7 @@ void launch_bf16_gemm(const GemvArgs& a, int n_mat, const char* op, void* stream
     throw InputError(std::string("cuda::") + op +
                      ": launch too large for the GEMM: rows=" + std::to_string(a.rows) +
                      " T=" + std::to_string(a.T) + " K=" + std::to_string(a.K));
-  static bool smem_set = false;  // process-wide, like the MMVQ launch's limit
-  if (!smem_set) {
-    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(
-        bf16_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    smem_set = true;
-  }
+  allow_dynamic_smem(reinterpret_cast<const void*>(bf16_gemm_kernel), static_cast<int>(kSmemBytes));
   GemmMaps maps;
   for (int m = 0; m < 2; ++m)
     encode_map(&maps.w[m], a.w[m < n_mat ? m : 0], a.rows, a.K, kGemmBlockRows, op);

@@ -10,7 +10,6 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <tuple>
 
 #include "core/error.h"
 #include "cuda/bf16_gemm.cuh"
@@ -180,17 +179,13 @@ bool launch_gemv_one(const GemvArgs& a, int n_mat, dim3 grid, void* stream) {
 // them (kSelectionRegs; at least one block), each striding over its matrix's rows; with every
 // multiprocessor full the selection waited for the GEMV's persistent blocks to leave (10 us at
 // T = 4, docs/performance.md). cuda::set_bf16_gemv_tokens_blocks overrides the count. The
-// kernel's dynamic shared memory limit is raised to the largest once per (kernel, device) (a
-// limit set to one launch's bytes would refuse a larger launch later), and its blocks per
-// multiprocessor asked once per (kernel, device, bytes).
+// kernel's dynamic shared memory limit is raised to the largest (allow_dynamic_smem), and its
+// blocks per multiprocessor asked once per (kernel, device, bytes) (resident_blocks_per_sm).
 std::atomic<bool> g_x_staged{true};
 std::atomic<int> g_tok_blocks{0};  // cuda::set_bf16_gemv_tokens_blocks (0: the rule above)
 // The registers one route_select block of several tokens takes: 256 threads (launch_select) of
 // at most 64 registers (its __launch_bounds__(1024)).
 constexpr int kSelectionRegs = 256 * 64;
-std::mutex g_tok_mu;
-std::map<std::tuple<const void*, int, size_t>, int> g_tok_fit;  // (kernel, device, smem) -> fit
-std::map<std::pair<const void*, int>, bool> g_tok_limit;        // (kernel, device) -> raised
 
 namespace {
 
@@ -231,20 +226,8 @@ bool launch_gemv_tokens_n(const GemvArgs& a, int n_mat, void* stream) {
   if (smem > kMaxSmem) return false;
   const void* f = reinterpret_cast<const void*>(gemv_tokens_kernel<kF16W, kN>);
   prefer_shared_carveout(f);
-  int dev = 0, per_sm = 0;
-  MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
-  {
-    const std::lock_guard<std::mutex> lock(g_tok_mu);
-    if (g_tok_limit.try_emplace({f, dev}, true).second)
-      MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kMaxSmem)));
-    auto [it, fresh] = g_tok_fit.try_emplace({f, dev, smem}, 0);
-    if (fresh) {
-      MOECHECK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &it->second, gemv_tokens_kernel<kF16W, kN>, kTokWarps * kWarpSize, smem));
-    }
-    per_sm = it->second;
-  }
+  allow_dynamic_smem(f, static_cast<int>(kMaxSmem));
+  int per_sm = resident_blocks_per_sm(f, kTokWarps * kWarpSize, static_cast<int>(smem));
   if (per_sm < 1) return false;
   if (const int cap = g_tok_blocks; cap > 0) {
     per_sm = per_sm < cap ? per_sm : cap;

@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "cuda/check.h"
@@ -87,6 +88,39 @@ void prefer_shared_carveout(const void* kernel) {
   MOECHECK_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, want));
   it->second = want;
+}
+
+namespace {
+std::mutex g_attr_mu;
+std::map<std::pair<const void*, int>, int> g_smem_limit;           // (kernel, device) -> limit set
+std::map<std::tuple<const void*, int, int, int>, int> g_resident;  // (kernel, device, threads,
+                                                                   // smem) -> blocks an SM
+constexpr int kDefaultDynamicSmem = 48 * 1024;
+}  // namespace
+
+void allow_dynamic_smem(const void* kernel, int bytes) {
+  if (bytes <= kDefaultDynamicSmem) return;
+  int dev = 0;
+  MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(g_attr_mu);
+  int& set = g_smem_limit[{kernel, dev}];
+  if (set >= bytes) return;
+  MOECHECK_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  set = bytes;  // only once the call succeeded: a failed raise is tried again
+}
+
+int resident_blocks_per_sm(const void* kernel, int threads, int smem) {
+  int dev = 0;
+  MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(g_attr_mu);
+  const auto key = std::make_tuple(kernel, dev, threads, smem);
+  if (const auto it = g_resident.find(key); it != g_resident.end()) return it->second;
+  int per_sm = 0;
+  MOECHECK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads,
+                                                                    static_cast<size_t>(smem)));
+  g_resident.emplace(key, per_sm);
+  return per_sm;
 }
 
 int current_sm_count() {

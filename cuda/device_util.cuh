@@ -30,6 +30,18 @@ __device__ __forceinline__ float biased_float(int v_plus_bias) {
 // The multiprocessors of the current device (the persistent grids' size).
 int current_sm_count();
 
+// Before a launch of `kernel` with `bytes` of dynamic shared memory on the current device: the
+// kernel's limit (cudaFuncAttributeMaxDynamicSharedMemorySize, 48 KiB unless raised) raised to
+// at least `bytes`. The attribute belongs to a (kernel, device) pair, so the record of what was
+// set is kept per pair, behind a lock: two host threads, or one thread on two devices, each see
+// their launch's limit set. Sizes up to 48 KiB need nothing and set nothing.
+void allow_dynamic_smem(const void* kernel, int bytes);
+
+// Blocks of `kernel` resident at once on one multiprocessor of the current device at `threads`
+// a block and `smem` dynamic bytes (cudaOccupancyMaxActiveBlocksPerMultiprocessor), computed
+// once per (kernel, device, threads, smem) and kept behind the same lock.
+int resident_blocks_per_sm(const void* kernel, int threads, int smem);
+
 // Before a launch of `kernel` on the current device: its preferred shared-memory carveout set to
 // the largest (cuda::set_max_shared_carveout, on by default) or back to the driver's default,
 // once per kernel, device and setting. A multiprocessor's carveout changes only when it is idle,

@@ -127,12 +127,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, kWarps == 2 ? 16 : 1)
 
 template <int kWarps>
 void launch_warps(const detail::GemvArgs& a, int n_mat, const StreamLayout& L, void* stream) {
-  static int smem_set = 48 * 1024;  // the dynamic shared-memory limit, raised when needed
-  if (L.bytes > smem_set) {
-    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel<kWarps>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, L.bytes));
-    smem_set = L.bytes;
-  }
+  allow_dynamic_smem(reinterpret_cast<const void*>(gemv_stream_kernel<kWarps>), L.bytes);
   const int64_t total = a.rows * n_mat;
   const int64_t warps = (total + 1) / 2;  // at least two rows per warp where it fills the device
   const int64_t blocks_needed = (warps + kWarps - 1) / kWarps;

@@ -355,12 +355,9 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(MmqArgs p) {
 
 template <bool kQ2K, bool kCheck>
 void launch_typed(const MmqArgs& p, void* stream) {
-  static int sms = 0;
-  if (sms == 0) {
-    sms = current_sm_count();
-    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(
-        mmq_kernel<kQ2K, kCheck>, cudaFuncAttributeMaxDynamicSharedMemorySize, Q<kQ2K>::kSmem));
-  }
+  allow_dynamic_smem(reinterpret_cast<const void*>(mmq_kernel<kQ2K, kCheck>),
+                     static_cast<int>(Q<kQ2K>::kSmem));
+  const int sms = current_sm_count();
   // Persistent: two blocks per multiprocessor less one (an odd count: a block's items then
   // alternate between even and odd group positions, the odd ones of which may belong to the
   // item before); fewer when the host knows the items.

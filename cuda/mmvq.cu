@@ -272,22 +272,12 @@ void launch_one(const MmvqParams& p, void* stream) {
   const int smem = ActLayout(tile_buffer_bytes(kWarps * kR, p.row_bytes), mmvq_buffers(kR),
                              static_cast<int>(p.K / kQK8_1), p.max_n)
                        .bytes;
-  static int smem_set = 48 * 1024;  // the dynamic shared-memory limit, raised when needed
-  if (smem > smem_set) {
-    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(mmvq_kernel<kType, kWarps, kR, kN>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    smem_set = smem;
-  }
+  const void* kernel = reinterpret_cast<const void*>(mmvq_kernel<kType, kWarps, kR, kN>);
+  allow_dynamic_smem(kernel, smem);
   // Persistent grid: as many blocks as fit the device at once (at most g_blocks_per_sm per
   // multiprocessor when set), at most one per tile.
-  static int per_sm = 0, sms = 0;
-  static int resident_smem = -1;
-  if (resident_smem != smem) {
-    MOECHECK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, mmvq_kernel<kType, kWarps, kR, kN>, kWarps * kWarpSize, smem));
-    sms = current_sm_count();
-    resident_smem = smem;
-  }
+  const int per_sm = resident_blocks_per_sm(kernel, kWarps * kWarpSize, smem);
+  const int sms = current_sm_count();
   const int resident =
       (g_blocks_per_sm > 0 && g_blocks_per_sm < per_sm ? g_blocks_per_sm : per_sm) * sms;
   const int64_t tiles = (p.rows + kWarps * kR - 1) / (kWarps * kR) * p.n_groups;

@@ -830,12 +830,7 @@ Diagnostic g_diag;
 template <GgmlType kType, int kWarps, bool kPrefix, int kTok, int kPer, int kDiag = 0>
 void launch_per(const MmvqParams& p, const Geometry& g, void* stream) {
   auto* kernel = mmvq_sb_kernel<kType, kWarps, kPrefix, kTok, kPer, kDiag>;
-  static int smem_set = 48 * 1024;
-  if (g.bytes > smem_set) {
-    MOECHECK_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g.bytes));
-    smem_set = g.bytes;
-  }
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), g.bytes);
   pdl::launch(kernel, dim3(static_cast<unsigned>(g.grid)), dim3(kWarps * kWarpSize),
               static_cast<size_t>(g.bytes), as_stream(stream), p, g.stages, g.n_act,
               pdl::mode() == pdl::Mode::kEarlyReads,

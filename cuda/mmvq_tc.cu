@@ -298,20 +298,10 @@ void launch_typed(const MmvqParams& p, void* stream) {
   const int units = static_cast<int>(p.K / kQK8_1);
   const int smem = BlockLayout(kBlockBytes<kType>, units, kStages).bytes;
   auto* kern = mmvq_tc_kernel<kType, kStages, kW, kMode>;
-  static int smem_set = 48 * 1024;
-  if (smem > smem_set) {
-    MOECHECK_CUDA_CHECK(
-        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    smem_set = smem;
-  }
-  static int resident = 0, resident_smem = -1;
-  if (resident_smem != smem) {
-    int per_sm = 0;
-    MOECHECK_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kW * kWarpSize, smem));
-    resident = per_sm * current_sm_count();
-    resident_smem = smem;
-  }
+  allow_dynamic_smem(reinterpret_cast<const void*>(kern), smem);
+  const int resident =
+      resident_blocks_per_sm(reinterpret_cast<const void*>(kern), kW * kWarpSize, smem) *
+      current_sm_count();
   const int stride = (p.row_bytes & 3) == 2 ? 2 : 1;
   const int64_t tpg = stride == 1 ? (p.rows + kTileRows - 1) / kTileRows : 2 * ((p.rows + 31) / 32);
   const int64_t tiles = tpg * p.n_groups;

@@ -2,8 +2,6 @@
 // plan of core/layer_plan.h built from route_select's header, in the device plan layout of
 // core/route_header.h, with the slot pointers the MMVQ and MMQ launches read). Contract:
 // docs/numerics.md "route_select" (Device plan); twin: build_layer_plan.
-#include <mutex>
-#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -403,17 +401,9 @@ void route_plan(const int32_t* hdr, int64_t T, const RouteParams& rp, const int3
   const PlanArgs a{hdr,   T,         rp.n_routed, rp.topk,   rp.mmvq_max_rows,
                    slots, slot_gate, slot_up,     slot_down, plan};
   const PlanSmem S(rp.n_routed, T * rp.topk);
-  {  // the dynamic shared-memory limit raised once per device (PlanSmem may pass 48 KB)
-    static std::mutex mu;
-    static std::set<int> raised;
-    int dev = 0;
-    MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
-    const std::lock_guard<std::mutex> lock(mu);
-    if (raised.insert(dev).second)
-      MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(route_plan_kernel,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kPlanSmemMax)));
-  }
+  // PlanSmem may pass 48 KB: the limit raised to the largest plan once per (kernel, device).
+  allow_dynamic_smem(reinterpret_cast<const void*>(route_plan_kernel),
+                     static_cast<int>(kPlanSmemMax));
   route_plan_kernel<<<1, kPlanThreads, S.bytes, as_stream(stream)>>>(a);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
 }

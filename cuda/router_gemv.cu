@@ -266,13 +266,8 @@ __global__ void __launch_bounds__(kRouterStagedThreads, 1)
 template <bool kF16W>
 void launch_router_gemm(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K,
                         int64_t T, BlockQ8_1* xq, void* stream) {
-  static bool smem_set = false;  // process-wide, like the other launches' limits
-  if (!smem_set) {
-    MOECHECK_CUDA_CHECK(cudaFuncSetAttribute(router_gemm_kernel<kF16W>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(kRouterGemmSmem)));
-    smem_set = true;
-  }
+  allow_dynamic_smem(reinterpret_cast<const void*>(router_gemm_kernel<kF16W>),
+                     static_cast<int>(kRouterGemmSmem));
   const dim3 grid(static_cast<unsigned>((T + kRouterGemmTokens - 1) / kRouterGemmTokens),
                   static_cast<unsigned>((rows + kRouterGemmRows - 1) / kRouterGemmRows));
   pdl::launch(router_gemm_kernel<kF16W>, grid, dim3(kRouterStagedThreads), kRouterGemmSmem,
