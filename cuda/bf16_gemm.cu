@@ -102,28 +102,10 @@ __device__ __forceinline__ void chunk_fma(const uint4* ws, const uint4* xs,
                                           float (&acc)[kGemmWarpRows][kGemmWarpTokens]) {
   float xf[kGemmWarpTokens][kGemvChunk];
 #pragma unroll
-  for (int n = 0; n < kGemmWarpTokens; ++n) {
-    const uint4 v = xs[n * kSlabChunks];
-    const uint32_t xw[4] = {v.x, v.y, v.z, v.w};
+  for (int n = 0; n < kGemmWarpTokens; ++n) bf16_chunk_unpack(xs[n * kSlabChunks], xf[n]);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      xf[n][2 * i] = bf16_lo(xw[i]);
-      xf[n][2 * i + 1] = bf16_hi(xw[i]);
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kGemmWarpRows; ++r) {
-    const uint4 v = ws[r * kSlabChunks];
-    const uint32_t ww[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float lo = bf16_lo(ww[i]), hi = bf16_hi(ww[i]);
-#pragma unroll
-      for (int n = 0; n < kGemmWarpTokens; ++n) acc[r][n] = fma_rn(lo, xf[n][2 * i], acc[r][n]);
-#pragma unroll
-      for (int n = 0; n < kGemmWarpTokens; ++n) acc[r][n] = fma_rn(hi, xf[n][2 * i + 1], acc[r][n]);
-    }
-  }
+  for (int r = 0; r < kGemmWarpRows; ++r)
+    bf16_chunk_fma_tokens<false>(ws[r * kSlabChunks], xf, acc[r]);
 }
 
 // One step of the reduce-scatter transpose of the header comment, offset O: lane keeps the half

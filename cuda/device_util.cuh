@@ -96,6 +96,37 @@ __device__ __forceinline__ float bf16_chunk_fma(const uint4& w, const uint4& x, 
   return acc;
 }
 
+// The 8 bf16 values of a 16-byte chunk as f32 (exact), value j = 0..7 in order: the low half of
+// each little-endian word is the lower index.
+__device__ __forceinline__ void bf16_chunk_unpack(const uint4& x, float (&xf)[kGemvChunk]) {
+  const uint32_t xw[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    xf[2 * i] = bf16_lo(xw[i]);
+    xf[2 * i + 1] = bf16_hi(xw[i]);
+  }
+}
+
+// One chunk of a weight row against the unpacked chunks of N tokens (bf16_chunk_unpack): each
+// acc[n] takes the fma steps of bf16_chunk_fma, values j = 0..7 in order; the steps of the N
+// chains are interleaved value by value (one weight value widened once for every token). The
+// GEMM tiles' inner step (cuda/bf16_gemm.cu, the router's GEMM of cuda/router_gemv.cu).
+template <bool kF16W, int N>
+__device__ __forceinline__ void bf16_chunk_fma_tokens(const uint4& w,
+                                                      const float (&xf)[N][kGemvChunk],
+                                                      float (&acc)[N]) {
+  const uint32_t ww[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float lo = kF16W ? f16_bits_to_f32(static_cast<uint16_t>(ww[i])) : bf16_lo(ww[i]);
+    const float hi = kF16W ? f16_bits_to_f32(static_cast<uint16_t>(ww[i] >> 16)) : bf16_hi(ww[i]);
+#pragma unroll
+    for (int n = 0; n < N; ++n) acc[n] = fma_rn(lo, xf[n][2 * i], acc[n]);
+#pragma unroll
+    for (int n = 0; n < N; ++n) acc[n] = fma_rn(hi, xf[n][2 * i + 1], acc[n]);
+  }
+}
+
 // The 32-bit little-endian word at byte offset off (2-byte aligned) of a 4-byte aligned shared
 // buffer: two aligned reads joined by a funnel shift (shift 0 when off is 4-byte aligned).
 __device__ __forceinline__ uint32_t lds_u32(const uint8_t* smem, int off) {

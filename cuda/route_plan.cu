@@ -79,33 +79,40 @@ struct PlanView {
   const uint8_t** ptr;   // [3][n] or nullptr
 };
 
-// Each pick's pair row: first[e] + its rank among expert e's picks in pick order (= token order,
-// as a token's experts are distinct). Warp 0 walks the picks 32 at a time: lanes holding the
-// same expert find each other with __match_any_sync, a lane's rank is its expert's running count
-// run[e] plus its lower peers, and the highest peer advances the count. P / 32 short steps; the
-// plan scanned all P picks once per used expert before (a serial chain of P shared loads, slow
-// while the shared expert's GEMV holds the multiprocessor's shared-memory pipe).
-__device__ void rank_picks(const PlanView& v, int64_t P, const int* first, int* run) {
-  if (threadIdx.x >= kWarpSize) return;
-  const int lane = static_cast<int>(threadIdx.x);
+// One warp's walk over picks [i_begin, i_end), 32 at a time: lanes holding the same expert find
+// each other with __match_any_sync, a lane's rank is its expert's running count run[e] plus its
+// lower peers, and the highest peer advances the count. Each pick's pair field gets that rank,
+// plus first[e] when kFirst.
+template <bool kFirst>
+__device__ __forceinline__ void rank_walk(const PlanView& v, int64_t i_begin, int64_t i_end,
+                                          const int* first, int* run, int lane) {
   const unsigned lower_lanes = (1u << lane) - 1u;
-  for (int64_t i0 = 0; i0 < P; i0 += kWarpSize) {
+  for (int64_t i0 = i_begin; i0 < i_end; i0 += kWarpSize) {
     const int64_t i = i0 + lane;
-    const bool on = i < P;
+    const bool on = i < i_end;
     const int e = on ? v.picks[i] : -1;
     const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
     const int base = on ? run[e] : 0;
     __syncwarp();
     if (on) {
-      v.pair[i] = first[e] + base + __popc(peers & lower_lanes);
+      v.pair[i] = (kFirst ? first[e] : 0) + base + __popc(peers & lower_lanes);
       if (lane == 31 - __clz(peers)) run[e] = base + __popc(peers);
     }
     __syncwarp();
   }
 }
 
+// Each pick's pair row: first[e] + its rank among expert e's picks in pick order (= token order,
+// as a token's experts are distinct), by warp 0 walking all the picks (rank_walk): P / 32 short
+// steps; the plan scanned all P picks once per used expert before (a serial chain of P shared
+// loads, slow while the shared expert's GEMV holds the multiprocessor's shared-memory pipe).
+__device__ void rank_picks(const PlanView& v, int64_t P, const int* first, int* run) {
+  if (threadIdx.x >= kWarpSize) return;
+  rank_walk<true>(v, 0, P, first, run, static_cast<int>(threadIdx.x));
+}
+
 // The same pair rows with every warp walking a chunk of the picks: warp w takes picks
-// [w C, (w + 1) C) (C: P over the warps, rounded up to 32) as rank_picks does, against counters of
+// [w C, (w + 1) C) (C: P over the warps, rounded up to 32) by rank_walk, against counters of
 // its own (runs + w n, zero at entry), and writes each pick's rank within its chunk; then each
 // expert's counters become their exclusive prefix over the warps (a thread per expert, the warps
 // in order), and each pick adds first[e] and its warp's prefix. A pick's rank is the count of
@@ -113,25 +120,11 @@ __device__ void rank_picks(const PlanView& v, int64_t P, const int* first, int* 
 // own, the one-warp walk's number in P / (32 warps) steps of a warp instead of P / 32. Ends
 // synchronised.
 __device__ void rank_picks_warps(const PlanView& v, int64_t P, int n, const int* first, int* runs) {
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  const unsigned lower_lanes = (1u << lane) - 1u;
   const int64_t C = ((P + kPlanWarps - 1) / kPlanWarps + kWarpSize - 1) / kWarpSize * kWarpSize;
-  int* run = runs + static_cast<int64_t>(warp) * n;
   const int64_t i1 = (warp + 1) * C < P ? (warp + 1) * C : P;
-  for (int64_t i0 = warp * C; i0 < i1; i0 += kWarpSize) {
-    const int64_t i = i0 + lane;
-    const bool on = i < i1;
-    const int e = on ? v.picks[i] : -1;
-    const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
-    const int base = on ? run[e] : 0;
-    __syncwarp();
-    if (on) {
-      v.pair[i] = base + __popc(peers & lower_lanes);
-      if (lane == 31 - __clz(peers)) run[e] = base + __popc(peers);
-    }
-    __syncwarp();
-  }
+  rank_walk<false>(v, warp * C, i1, nullptr, runs + static_cast<int64_t>(warp) * n,
+                   static_cast<int>(threadIdx.x) % kWarpSize);
   __syncthreads();
   for (int e = static_cast<int>(threadIdx.x); e < n; e += kPlanThreads) {
     int sum = 0;

@@ -142,29 +142,9 @@ __device__ __forceinline__ void gemm_chunk(const uint4* slots, int u, int tid,
     xv[n] = slots[(u * kOps + kRouterGemmRows + n) * kRouterStagedThreads + tid];
   float xf[kRouterGemmTokens][kGemvChunk];
 #pragma unroll
-  for (int n = 0; n < kRouterGemmTokens; ++n) {
-    const uint32_t xw[4] = {xv[n].x, xv[n].y, xv[n].z, xv[n].w};
+  for (int n = 0; n < kRouterGemmTokens; ++n) bf16_chunk_unpack(xv[n], xf[n]);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      xf[n][2 * i] = bf16_lo(xw[i]);
-      xf[n][2 * i + 1] = bf16_hi(xw[i]);
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRouterGemmRows; ++r) {
-    const uint32_t ww[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      // Values j = 2 i (the word's low half) and 2 i + 1, in order, as bf16_chunk_fma.
-      const float lo = kF16W ? f16_bits_to_f32(static_cast<uint16_t>(ww[i])) : bf16_lo(ww[i]);
-      const float hi = kF16W ? f16_bits_to_f32(static_cast<uint16_t>(ww[i] >> 16)) : bf16_hi(ww[i]);
-#pragma unroll
-      for (int n = 0; n < kRouterGemmTokens; ++n) acc[r][n] = fma_rn(lo, xf[n][2 * i], acc[r][n]);
-#pragma unroll
-      for (int n = 0; n < kRouterGemmTokens; ++n)
-        acc[r][n] = fma_rn(hi, xf[n][2 * i + 1], acc[r][n]);
-    }
-  }
+  for (int r = 0; r < kRouterGemmRows; ++r) bf16_chunk_fma_tokens<kF16W>(wv[r], xf, acc[r]);
 }
 
 template <bool kF16W>
