@@ -7,9 +7,10 @@
 // form). Every kernel is first checked bit for bit against the emulation (emu::mmvq_groups) on
 // the same bytes (exit 1 if not). Each figure: weight bytes (every expert's once) / kernel time,
 // beside the device-to-device copy bandwidth measured first in this process, and the integer MACs
-// per second. Weights rotate among sets larger than L2 between launches; launches replayed from a
-// CUDA graph. Markdown table last. `mmq_bench N...` times only the given rows per expert (1 to
-// 128), each validated first (a profiler's run of one shape).
+// per second. Weights are random bytes with finite f16 factors (finite_factors); they rotate among
+// sets larger than L2 between launches; launches replayed from a CUDA graph. Markdown table last.
+// `mmq_bench N...` times only the given rows per expert (1 to 128), each validated first (a
+// profiler's run of one shape).
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -64,6 +65,29 @@ Groups make_groups(int64_t n) {
   return r;
 }
 
+// Random bytes make about one f16 factor in 32 an Inf or a NaN, and MMQ computes a 16-row tile's
+// super-block in its plain form when the factor of its biased conversion (Q2_K's dmin, Q3_K's d)
+// is not finite in any of the tile's rows (docs/numerics.md "mmvq_q2k, mmvq_q3k"): about two
+// tiles in five, which real models never see (and a non-finite d makes a row's outputs NaN). So
+// every factor at byte `off` (and the `count` - 1 after it) of the `nblocks` blocks of `bytes`
+// bytes at p is made finite: an all-ones exponent loses its top bit (0x7C00 -> 0x3C00), the
+// other bits as drawn.
+__global__ void finite_factors_kernel(uint8_t* p, int64_t nblocks, int bytes, int off, int count) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < nblocks;
+       i += int64_t{gridDim.x} * blockDim.x)
+    for (int f = 0; f < count; ++f) {
+      uint8_t* h = p + i * bytes + off + 2 * f;  // little-endian f16
+      if ((h[1] & 0x7C) == 0x7C) h[1] = static_cast<uint8_t>(h[1] & ~0x40);
+    }
+}
+
+void finite_factors(uint8_t* p, int64_t nblocks, GgmlType t) {
+  if (t == GgmlType::kQ2K)
+    finite_factors_kernel<<<1024, 256>>>(p, nblocks, sizeof(BlockQ2K), 80, 2);      // d, dmin
+  else finite_factors_kernel<<<1024, 256>>>(p, nblocks, sizeof(BlockQ3K), 108, 1);  // d
+  MOECHECK_CUDA_CHECK(cudaGetLastError());
+}
+
 struct Row {
   std::string what;
   int64_t n;
@@ -100,6 +124,14 @@ int main(int argc, char** argv) {
   uint8_t* pool = nullptr;
   MOECHECK_CUDA_CHECK(cudaMalloc(&pool, kSets * set_bytes + 16));
   bench::fill_random(pool, kSets * set_bytes + 16, 11);
+  for (int64_t i = 0; i < kSets; ++i) {  // set i: 2E Q2_K matrices, then E Q3_K matrices
+    uint8_t* set = pool + i * set_bytes;
+    finite_factors(set, 2 * kExperts * gstride / static_cast<int64_t>(sizeof(BlockQ2K)),
+                   GgmlType::kQ2K);
+    finite_factors(set + 2 * kExperts * gstride,
+                   kExperts * dstride / static_cast<int64_t>(sizeof(BlockQ3K)), GgmlType::kQ3K);
+  }
+  MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<const uint8_t*> tab;  // set i: gate E, up E, down E
   for (int64_t i = 0; i < kSets; ++i)
     for (int64_t e = 0; e < 3 * kExperts; ++e)
