@@ -1,7 +1,8 @@
 // libFuzzer target: the dump reader's public path (read_dump: the integrity stamp, the probe
 // process for unstamped or changed files, the validating reader) on arbitrary bytes written to a
-// temporary file. Every input must end in a dump or an InputError, in this process; a crash of
-// libhdf5 must surface as the probe's InputError, never as a crash here. Run: .ci/fuzz.
+// temporary file (removed after each input). Every input must end in a dump or an InputError, in
+// this process; a crash of libhdf5 must surface as the probe's InputError, never as a crash here.
+// Run: .ci/fuzz.
 #include <unistd.h>
 
 #include <cstddef>
@@ -21,5 +22,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     (void)moecheck::read_dump(path);
   } catch (const moecheck::InputError&) {}
+  // Removed after every input, so no run (the fuzzing, or the triage's one process per saved
+  // input) leaves its temporary file behind; an input that kills the process leaves it, with
+  // the finding.
+  std::remove(path.c_str());
   return 0;
 }
