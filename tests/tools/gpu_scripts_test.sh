@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# .ci/gpu-ab against stub stages (no GPU): the interleaved order of its runs, the summary lines it
-# prints from each benchmark's output, runs of binaries a stage lacks reported as skipped, the time
-# limit, and the logs packed into one file. The stubs print lines in the benchmarks' formats
-# (tests/bench/mmq_bench.cu, layer_bench.cu, batched_bench.cu) with per-stage figures.
-# Usage: gpu_ab_test.sh REPO_ROOT
+# The device-call scripts against stub stages (no GPU). .ci/gpu-ab: the interleaved order of its
+# runs, the summary lines it prints from each benchmark's output, runs of binaries a stage lacks
+# reported as skipped, the time limit, and the logs packed into one file. The stubs print lines in
+# the benchmarks' formats (tests/bench/mmq_bench.cu, layer_bench.cu, batched_bench.cu) with
+# per-stage figures. .ci/gpu-suite run with GPU_SUITE_PACK=1: its logs packed into one file.
+# Usage: gpu_scripts_test.sh REPO_ROOT
 set -uo pipefail
 root=$1
 w=$(mktemp -d)
@@ -97,9 +98,25 @@ rc=$?
 [ $rc -eq 2 ] || fail "one stage: exit $rc, want 2"
 expect_line "$w/stdout3" "usage: .ci/gpu-ab OLD_STAGE NEW_STAGE"
 
+# 4. .ci/gpu-suite run GPU_SUITE_PACK=1 on a stage with no tests and no benchmarks asked: the
+#    logs it writes (gpu.txt, ctest-gpu.log) end in STAGE's logs.tar.xz, nothing else is left.
+mkdir -p "$w/st/tests"
+echo "# Build directory: $w/build/tests" > "$w/st/tests/CTestTestfile.cmake"
+(cd "$w" && PATH="$w/bin:$PATH" OUT="$w/out4" GPU_SUITE_PACK=1 GPU_SUITE_BENCH="" GPU_SUITE_CLI=0 \
+  bash "$root/.ci/gpu-suite" run "$w/st" > "$w/stdout4" 2>&1)
+files=$(cd "$w/out4" && find . -mindepth 1 | sort | tr '\n' ' ')
+[ "$files" = "./st ./st/logs.tar.xz " ] || fail "gpu-suite pack: OUT holds $files ($(cat "$w/stdout4"))"
+list=$(tar tJf "$w/out4/st/logs.tar.xz" 2>/dev/null | sort | tr '\n' ' ')
+[ "$list" = "./ctest-gpu.log ./gpu.txt " ] || fail "gpu-suite pack holds: $list"
+tar xJf "$w/out4/st/logs.tar.xz" -C "$w" ./gpu.txt && expect_line "$w/gpu.txt" "Stub GPU"
+# Without GPU_SUITE_PACK the logs stay loose.
+(cd "$w" && PATH="$w/bin:$PATH" OUT="$w/out5" GPU_SUITE_BENCH="" GPU_SUITE_CLI=0 \
+  bash "$root/.ci/gpu-suite" run "$w/st" > /dev/null 2>&1)
+[ -f "$w/out5/st/gpu.txt" ] && [ ! -e "$w/out5/st/logs.tar.xz" ] || fail "gpu-suite without GPU_SUITE_PACK packed"
+
 if [ $fails -ne 0 ]; then
   trap - EXIT
-  echo "$fails checks failed; repro: bash $root/tests/tools/gpu_ab_test.sh $root (work folder kept: $w)"
+  echo "$fails checks failed; repro: bash $root/tests/tools/gpu_scripts_test.sh $root (work folder kept: $w)"
   exit 1
 fi
-echo "gpu_ab_test: all checks passed"
+echo "gpu_scripts_test: all checks passed"
