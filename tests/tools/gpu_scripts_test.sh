@@ -81,7 +81,8 @@ for f in ab/gpu.txt ab/mmq_bench_1_old.log ab/mmq_bench_4_new.log ab/test_moe_la
   [[ " $list " == *" $f "* ]] || fail "the pack lacks $f (it holds: $list)"
 done
 
-# 2. The time limit: with 25 s, the first runs fit and every run after the limit is skipped.
+# 2. The time limit: with 25 s, the runs that would start with under 20 s left are skipped and
+#    say so; AB_PACK=0 keeps the loose logs beside the pack.
 rm -f "$w/order.txt"
 mk new mmq_bench "sleep 6; echo 'device-to-device copy: 3031 GB/s'"
 (cd "$w" && PATH="$w/bin:$PATH" OUT="$w/out2" AB_TESTS="" AB_TRACE_T="1" AB_MMQ="8" AB_LIMIT=25 \
