@@ -9,7 +9,8 @@
 // its weights cached; launches are replayed from a CUDA graph (launch gaps out). Size-matched
 // baselines: the same bytes moved by a graph-replayed memcpy and read by a plain read kernel
 // (checked first), each with its fixed cost and per-matrix rate fitted like the MMVQ launches'.
-// Markdown table last.
+// Markdown table, then the sections that follow it: the one-token launch warp by warp, the ring's
+// head, and the one-token form against the layer's groups form at 12 - 90 matrices.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -455,6 +456,97 @@ void head_section(const uint8_t** d_tab, const BlockQ8_1* x_q8, const BlockQ8_1*
   MOECHECK_CUDA_CHECK(cudaFree(buf));
 }
 
+// The one-token form against the layer's groups form at many matrices (docs/performance.md,
+// thirty-second session: the T = 8 layer's gate / up launch reads about 90 gate-shaped matrices
+// and took 116.5 us on an H200, where the one-token form's fit over 2 - 12 matrices gives about
+// 88). m gate-shaped Q2_K matrices (m = 12, 24, 48, 90), each read once a launch: (a) the plain
+// one-token form (cuda::mmvq_experts, one activation row); (b) the layer's groups form, one group
+// a matrix holding one token of a batch of 8 (cuda::mmvq_groups, max_n 8 and layer_tokens 8, the
+// shape and pass the device route gives a T = 8 layer's groups); (c) the same groups at max_n 1.
+// Each launch shape is first checked bitwise against the emulation (one emulation of the 90
+// matrices per form, compared by prefix). Up to 48 matrices the launches rotate over disjoint
+// sets of the pool's 96; at 90 every launch reads the same 348 MB, several times L2.
+void many_section(const uint8_t* gate_pool, int64_t gate_stride, int64_t pool_mats, int64_t inter,
+                  int64_t dim, double copy, cudaStream_t s) {
+  constexpr int64_t kMost = 90, kTokens = 8;
+  if (pool_mats < kMost) {
+    std::fprintf(stderr, "bench: the many-matrix rows need %lld matrices, the pool has %lld\n",
+                 static_cast<long long>(kMost), static_cast<long long>(pool_mats));
+    std::exit(1);
+  }
+  cuda::set_mmvq_engine(cuda::MmvqEngine::kStreamed);
+  std::vector<const uint8_t*> tab;
+  for (int64_t j = 0; j < pool_mats; ++j) tab.push_back(gate_pool + j * gate_stride);
+  const uint8_t** d_tab = nullptr;
+  MOECHECK_CUDA_CHECK(cudaMalloc(&d_tab, tab.size() * sizeof(void*)));
+  MOECHECK_CUDA_CHECK(
+      cudaMemcpy(d_tab, tab.data(), tab.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  std::vector<MmvqGroup> groups(static_cast<size_t>(kMost));
+  for (int64_t j = 0; j < kMost; ++j) {
+    groups[j].slot = static_cast<int32_t>(j);
+    groups[j].n = 1;
+    groups[j].a_row[0] = static_cast<int32_t>(j % kTokens);
+    groups[j].y_row[0] = static_cast<int32_t>(j);
+  }
+  MmvqGroup* d_groups = nullptr;
+  MOECHECK_CUDA_CHECK(cudaMalloc(&d_groups, groups.size() * sizeof(MmvqGroup)));
+  MOECHECK_CUDA_CHECK(cudaMemcpy(d_groups, groups.data(), groups.size() * sizeof(MmvqGroup),
+                                 cudaMemcpyHostToDevice));
+  BlockQ8_1* x8 = nullptr;
+  float* y = nullptr;
+  MOECHECK_CUDA_CHECK(cudaMalloc(&x8, kTokens * dim / 32 * sizeof(BlockQ8_1)));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&y, kMost * inter * sizeof(float)));
+  bench::fill_q8_1(x8, kTokens, dim, 21);
+  std::vector<float> want_plain(static_cast<size_t>(kMost * inter)),
+      want_groups(static_cast<size_t>(kMost * inter));
+  {
+    const auto w = bench::to_host<uint8_t>(gate_pool, kMost * gate_stride);
+    const auto hx = bench::to_host<BlockQ8_1>(x8, kTokens * dim / 32);
+    std::vector<const uint8_t*> hp;
+    for (int64_t j = 0; j < kMost; ++j) hp.push_back(w.data() + j * gate_stride);
+    emu::mmvq_experts(GgmlType::kQ2K, hp.data(), kMost, hx.data(), false, want_plain.data(), inter,
+                      dim);
+    emu::mmvq_groups(GgmlType::kQ2K, hp.data(), groups.data(), kMost, hx.data(), want_groups.data(),
+                     inter, dim);
+  }
+  // Form f (0: one-token, 1: groups max_n 8, 2: groups max_n 1) over m matrices from table t.
+  auto launch = [&](int f, int64_t m, const uint8_t* const* t, cudaStream_t st) {
+    if (f == 0) cuda::mmvq_experts(GgmlType::kQ2K, t, m, x8, false, y, inter, dim, 8, st);
+    else
+      cuda::mmvq_groups(GgmlType::kQ2K, t, d_groups, m, f == 1 ? 8 : 1, x8, y, inter, dim, 8, st,
+                        kTokens);
+  };
+  const char* names[] = {"one-token form", "groups form (max_n 8)", "groups form (max_n 1)"};
+  std::printf("\n### mmvq_bench: the one-token form against the groups form (copy %.0f GB/s)\n\n",
+              copy);
+  std::printf(
+      "| Q2_K [2304, 5120] matrices | %s us (of copy) | %s us (of copy) | %s us (of copy) |\n"
+      "|---|---|---|---|\n",
+      names[0], names[1], names[2]);
+  for (const int64_t m : {int64_t{12}, int64_t{24}, int64_t{48}, kMost}) {
+    double us[3];
+    for (int f = 0; f < 3; ++f) {
+      MOECHECK_CUDA_CHECK(cudaMemset(y, 0, kMost * inter * sizeof(float)));
+      launch(f, m, d_tab, s);
+      MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+      const std::vector<float>& want = f == 0 ? want_plain : want_groups;
+      bench::require_emu_bits(std::string(names[f]) + ", " + std::to_string(m) + " matrices", y,
+                              std::vector<float>(want.begin(), want.begin() + m * inter));
+      const int64_t rot = m <= pool_mats / 2 ? pool_mats / m : 1;
+      us[f] =
+          graph_us([&](int i, cudaStream_t st) { launch(f, m, d_tab + (i % rot) * m, st); }, 16, s);
+    }
+    const double b = static_cast<double>(m * gate_stride);
+    std::printf("| %lld | %.2f (%.1f %%) | %.2f (%.1f %%) | %.2f (%.1f %%) |\n",
+                static_cast<long long>(m), us[0], 100.0 * b / us[0] * 1e-3 / copy, us[1],
+                100.0 * b / us[1] * 1e-3 / copy, us[2], 100.0 * b / us[2] * 1e-3 / copy);
+  }
+  MOECHECK_CUDA_CHECK(cudaFree(d_tab));
+  MOECHECK_CUDA_CHECK(cudaFree(d_groups));
+  MOECHECK_CUDA_CHECK(cudaFree(x8));
+  MOECHECK_CUDA_CHECK(cudaFree(y));
+}
+
 }  // namespace
 
 int main() {
@@ -864,6 +956,7 @@ int main() {
                    sets, copy, s);
   head_section(d_tab, x_q8, h_q8, y, want_gu, want_d, inter, dim, sets, copy,
                static_cast<double>(gate_stride), static_cast<double>(down_stride), s);
+  many_section(gate_pool, gate_stride, 2 * sets * nsel, inter, dim, copy, s);
   std::printf(
       "\nqueued spans submitted after their hold ended (their start waited on the host): %d\n",
       bench::late_spans());
