@@ -458,14 +458,14 @@ void head_section(const uint8_t** d_tab, const BlockQ8_1* x_q8, const BlockQ8_1*
 
 // The one-token form against the layer's groups form at many matrices (docs/performance.md,
 // thirty-second session: the T = 8 layer's gate / up launch reads about 90 gate-shaped matrices
-// and took 116.5 us on an H200, where the one-token form's fit over 2 - 12 matrices gives about
-// 88). m gate-shaped Q2_K matrices (m = 12, 24, 48, 90), each read once a launch: (a) the plain
-// one-token form (cuda::mmvq_experts, one activation row); (b) the layer's groups form, one group
-// a matrix holding one token of a batch of 8 (cuda::mmvq_groups, max_n 8 and layer_tokens 8, the
-// shape and pass the device route gives a T = 8 layer's groups); (c) the same groups at max_n 1.
-// Each launch shape is first checked bitwise against the emulation (one emulation of the 90
-// matrices per form, compared by prefix). Up to 48 matrices the launches rotate over disjoint
-// sets of the pool's 96; at 90 every launch reads the same 348 MB, several times L2.
+// and is slower than the one-token form's fit over 2 - 12 matrices predicts). m gate-shaped Q2_K
+// matrices (m = 12, 24, 48, 90), each read once a launch: (a) the plain one-token form
+// (cuda::mmvq_experts, one activation row); (b) the layer's groups form, one group a matrix holding
+// one token of a batch of 8 (cuda::mmvq_groups, max_n 8 and layer_tokens 8, the shape and pass the
+// device route gives a T = 8 layer's groups); (c) the same groups at max_n 1. Each launch shape is
+// first checked bitwise against the emulation (one emulation of the 90 matrices per form, compared
+// by prefix). Up to 48 matrices the launches rotate over disjoint sets of the pool's 96; at 90
+// every launch reads the same 348 MB, several times L2.
 void many_section(const uint8_t* gate_pool, int64_t gate_stride, int64_t pool_mats, int64_t inter,
                   int64_t dim, double copy, cudaStream_t s) {
   constexpr int64_t kMost = 90, kTokens = 8;
