@@ -460,12 +460,15 @@ void head_section(const uint8_t** d_tab, const BlockQ8_1* x_q8, const BlockQ8_1*
 // thirty-second session: the T = 8 layer's gate / up launch reads about 90 gate-shaped matrices
 // and is slower than the one-token form's fit over 2 - 12 matrices predicts). m gate-shaped Q2_K
 // matrices (m = 12, 24, 48, 90), each read once a launch: (a) the plain one-token form
-// (cuda::mmvq_experts, one activation row); (b) the layer's groups form, one group a matrix holding
-// one token of a batch of 8 (cuda::mmvq_groups, max_n 8 and layer_tokens 8, the shape and pass the
-// device route gives a T = 8 layer's groups); (c) the same groups at max_n 1. Each launch shape is
-// first checked bitwise against the emulation (one emulation of the 90 matrices per form, compared
-// by prefix). Up to 48 matrices the launches rotate over disjoint sets of the pool's 96; at 90
-// every launch reads the same 348 MB, several times L2.
+// (cuda::mmvq_experts, one activation row); (b) the groups form, one group a matrix holding one
+// token of a batch of 8 (cuda::mmvq_groups, max_n 8 and layer_tokens 8: the pass a T = 8 layer
+// takes, but sized by n_groups x max_n pairs, which at 90 groups leaves no room for double steps);
+// (c) the same groups at max_n 1; (d) the same groups in the layer's own form (added in the
+// thirty-third session: cuda::mmvq_groups_planned, two projections at the plan's stride of 48
+// pairs, live counts m / 2 read from the device, so the launch has the T = 8 layer's geometry).
+// Each launch shape is first checked bitwise against the emulation (one emulation of the 90
+// matrices per form, compared by prefix). Up to 48 matrices the launches rotate over disjoint sets
+// of the pool's 96; at 90 every launch reads the same 348 MB, several times L2.
 void many_section(const uint8_t* gate_pool, int64_t gate_stride, int64_t pool_mats, int64_t inter,
                   int64_t dim, double copy, cudaStream_t s) {
   constexpr int64_t kMost = 90, kTokens = 8;
@@ -492,6 +495,25 @@ void many_section(const uint8_t* gate_pool, int64_t gate_stride, int64_t pool_ma
   MOECHECK_CUDA_CHECK(cudaMalloc(&d_groups, groups.size() * sizeof(MmvqGroup)));
   MOECHECK_CUDA_CHECK(cudaMemcpy(d_groups, groups.data(), groups.size() * sizeof(MmvqGroup),
                                  cudaMemcpyHostToDevice));
+  // The layer's own form at T = 8 (cuda/moe_layer_route.cu): the plan's two projections (gate,
+  // up) at a stride of its capacity P = 48 pairs, each projection's live count read from the
+  // device, so the launch sizes itself by 2 x 48 pairs, not by n_groups x max_n (the groups
+  // form's bound above: 720 pairs at 90 groups). Projection j holds groups j m / 2 .. of the
+  // list above, so the outputs are the groups form's.
+  constexpr int64_t kPlanPairs = kTokens * 6;
+  MmvqGroup* d_planned = nullptr;
+  int32_t* d_count = nullptr;
+  MOECHECK_CUDA_CHECK(cudaMalloc(&d_planned, 2 * kPlanPairs * sizeof(MmvqGroup)));
+  MOECHECK_CUDA_CHECK(cudaMalloc(&d_count, sizeof(int32_t)));
+  auto plan_for = [&](int64_t m) {
+    std::vector<MmvqGroup> pg(static_cast<size_t>(2 * kPlanPairs));
+    for (int64_t j = 0; j < 2; ++j)
+      for (int64_t g = 0; g < m / 2; ++g) pg[j * kPlanPairs + g] = groups[j * (m / 2) + g];
+    const int32_t live = static_cast<int32_t>(m / 2);
+    MOECHECK_CUDA_CHECK(
+        cudaMemcpy(d_planned, pg.data(), pg.size() * sizeof(MmvqGroup), cudaMemcpyHostToDevice));
+    MOECHECK_CUDA_CHECK(cudaMemcpy(d_count, &live, sizeof live, cudaMemcpyHostToDevice));
+  };
   BlockQ8_1* x8 = nullptr;
   float* y = nullptr;
   MOECHECK_CUDA_CHECK(cudaMalloc(&x8, kTokens * dim / 32 * sizeof(BlockQ8_1)));
@@ -509,23 +531,30 @@ void many_section(const uint8_t* gate_pool, int64_t gate_stride, int64_t pool_ma
     emu::mmvq_groups(GgmlType::kQ2K, hp.data(), groups.data(), kMost, hx.data(), want_groups.data(),
                      inter, dim);
   }
-  // Form f (0: one-token, 1: groups max_n 8, 2: groups max_n 1) over m matrices from table t.
+  // Form f (0: one-token, 1: groups max_n 8, 2: groups max_n 1, 3: the layer's planned groups,
+  // plan_for(m) first) over m matrices from table t.
   auto launch = [&](int f, int64_t m, const uint8_t* const* t, cudaStream_t st) {
     if (f == 0) cuda::mmvq_experts(GgmlType::kQ2K, t, m, x8, false, y, inter, dim, 8, st);
+    else if (f == 3)
+      cuda::mmvq_groups_planned(GgmlType::kQ2K, t, d_planned, d_count, 2, kPlanPairs, 8, x8, y,
+                                inter, dim, 8, st, kTokens);
     else
       cuda::mmvq_groups(GgmlType::kQ2K, t, d_groups, m, f == 1 ? 8 : 1, x8, y, inter, dim, 8, st,
                         kTokens);
   };
-  const char* names[] = {"one-token form", "groups form (max_n 8)", "groups form (max_n 1)"};
+  const char* names[] = {"one-token form", "groups form (max_n 8)", "groups form (max_n 1)",
+                         "the layer's planned form (2 x 48 pairs)"};
   std::printf("\n### mmvq_bench: the one-token form against the groups form (copy %.0f GB/s)\n\n",
               copy);
   std::printf(
-      "| Q2_K [2304, 5120] matrices | %s us (of copy) | %s us (of copy) | %s us (of copy) |\n"
-      "|---|---|---|---|\n",
-      names[0], names[1], names[2]);
+      "| Q2_K [2304, 5120] matrices | %s us (of copy) | %s us (of copy) | %s us (of copy) | %s us "
+      "(of copy) |\n"
+      "|---|---|---|---|---|\n",
+      names[0], names[1], names[2], names[3]);
   for (const int64_t m : {int64_t{12}, int64_t{24}, int64_t{48}, kMost}) {
-    double us[3];
-    for (int f = 0; f < 3; ++f) {
+    double us[4];
+    plan_for(m);
+    for (int f = 0; f < 4; ++f) {
       MOECHECK_CUDA_CHECK(cudaMemset(y, 0, kMost * inter * sizeof(float)));
       launch(f, m, d_tab, s);
       MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -537,12 +566,15 @@ void many_section(const uint8_t* gate_pool, int64_t gate_stride, int64_t pool_ma
           graph_us([&](int i, cudaStream_t st) { launch(f, m, d_tab + (i % rot) * m, st); }, 16, s);
     }
     const double b = static_cast<double>(m * gate_stride);
-    std::printf("| %lld | %.2f (%.1f %%) | %.2f (%.1f %%) | %.2f (%.1f %%) |\n",
+    std::printf("| %lld | %.2f (%.1f %%) | %.2f (%.1f %%) | %.2f (%.1f %%) | %.2f (%.1f %%) |\n",
                 static_cast<long long>(m), us[0], 100.0 * b / us[0] * 1e-3 / copy, us[1],
-                100.0 * b / us[1] * 1e-3 / copy, us[2], 100.0 * b / us[2] * 1e-3 / copy);
+                100.0 * b / us[1] * 1e-3 / copy, us[2], 100.0 * b / us[2] * 1e-3 / copy, us[3],
+                100.0 * b / us[3] * 1e-3 / copy);
   }
   MOECHECK_CUDA_CHECK(cudaFree(d_tab));
   MOECHECK_CUDA_CHECK(cudaFree(d_groups));
+  MOECHECK_CUDA_CHECK(cudaFree(d_planned));
+  MOECHECK_CUDA_CHECK(cudaFree(d_count));
   MOECHECK_CUDA_CHECK(cudaFree(x8));
   MOECHECK_CUDA_CHECK(cudaFree(y));
 }
