@@ -471,7 +471,7 @@ void head_section(const uint8_t** d_tab, const BlockQ8_1* x_q8, const BlockQ8_1*
 // of the pool's 96; at 90 every launch reads the same 348 MB, several times L2.
 void many_section(const uint8_t* gate_pool, int64_t gate_stride, int64_t pool_mats, int64_t inter,
                   int64_t dim, double copy, cudaStream_t s) {
-  constexpr int64_t kMost = 90, kTokens = 8;
+  constexpr int64_t kMost = 90, kTokens = 8, kTopk = 6;
   if (pool_mats < kMost) {
     std::fprintf(stderr, "bench: the many-matrix rows need %lld matrices, the pool has %lld\n",
                  static_cast<long long>(kMost), static_cast<long long>(pool_mats));
@@ -500,7 +500,7 @@ void many_section(const uint8_t* gate_pool, int64_t gate_stride, int64_t pool_ma
   // device, so the launch sizes itself by 2 x 48 pairs, not by n_groups x max_n (the groups
   // form's bound above: 720 pairs at 90 groups). Projection j holds groups j m / 2 .. of the
   // list above, so the outputs are the groups form's.
-  constexpr int64_t kPlanPairs = kTokens * 6;
+  constexpr int64_t kPlanPairs = kTokens * kTopk;
   MmvqGroup* d_planned = nullptr;
   int32_t* d_count = nullptr;
   MOECHECK_CUDA_CHECK(cudaMalloc(&d_planned, 2 * kPlanPairs * sizeof(MmvqGroup)));
@@ -552,8 +552,10 @@ void many_section(const uint8_t* gate_pool, int64_t gate_stride, int64_t pool_ma
       "|---|---|---|---|---|\n",
       names[0], names[1], names[2], names[3]);
   for (const int64_t m : {int64_t{12}, int64_t{24}, int64_t{48}, kMost}) {
-    double us[4];
+    const double b = static_cast<double>(m * gate_stride);
+    const int64_t rot = m <= pool_mats / 2 ? pool_mats / m : 1;
     plan_for(m);
+    double us[4];
     for (int f = 0; f < 4; ++f) {
       MOECHECK_CUDA_CHECK(cudaMemset(y, 0, kMost * inter * sizeof(float)));
       launch(f, m, d_tab, s);
@@ -561,15 +563,13 @@ void many_section(const uint8_t* gate_pool, int64_t gate_stride, int64_t pool_ma
       const std::vector<float>& want = f == 0 ? want_plain : want_groups;
       bench::require_emu_bits(std::string(names[f]) + ", " + std::to_string(m) + " matrices", y,
                               std::vector<float>(want.begin(), want.begin() + m * inter));
-      const int64_t rot = m <= pool_mats / 2 ? pool_mats / m : 1;
       us[f] =
           graph_us([&](int i, cudaStream_t st) { launch(f, m, d_tab + (i % rot) * m, st); }, 16, s);
     }
-    const double b = static_cast<double>(m * gate_stride);
-    std::printf("| %lld | %.2f (%.1f %%) | %.2f (%.1f %%) | %.2f (%.1f %%) | %.2f (%.1f %%) |\n",
-                static_cast<long long>(m), us[0], 100.0 * b / us[0] * 1e-3 / copy, us[1],
-                100.0 * b / us[1] * 1e-3 / copy, us[2], 100.0 * b / us[2] * 1e-3 / copy, us[3],
-                100.0 * b / us[3] * 1e-3 / copy);
+    // The row after every check of it (each check prints its own line).
+    std::printf("| %lld |", static_cast<long long>(m));
+    for (const double u : us) std::printf(" %.2f (%.1f %%) |", u, 100.0 * b / u * 1e-3 / copy);
+    std::printf("\n");
   }
   MOECHECK_CUDA_CHECK(cudaFree(d_tab));
   MOECHECK_CUDA_CHECK(cudaFree(d_groups));
