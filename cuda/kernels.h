@@ -32,6 +32,11 @@ void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y
 // (cuda/router_gemv.cu, the same bits); false selects the groups-of-8 kernel at every T (for the
 // benchmarks' comparison). Process-wide; default true.
 void set_router_gemm(bool on);
+// Above kMaxGroupRows tokens and for K up to 6144, the GEMM's persistent form (at most one block
+// a multiprocessor walking the tiles, a token tile's x resident in shared memory, the weights
+// streamed through a ring; the same bits); false keeps the form of a block a tile. Process-wide;
+// default true.
+void set_router_gemm_resident(bool on);
 void bf16_gemv(const uint16_t* w, const uint16_t* x, float* y, int64_t rows, int64_t K, int64_t T,
                void* stream);
 // Two matrices of one shape on the same x in one launch (the shared expert's gate and up);

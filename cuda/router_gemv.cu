@@ -7,6 +7,7 @@
 // w = 1..7 in order) and finished by the butterfly; meanwhile warps 1..7 of every block may
 // write q8_1 of x (cuda/q8_1_block.cuh, the bytes of quantize_q8_1_bf16), one 32-value block
 // per warp.
+#include <algorithm>
 #include <string>
 
 #include "core/error.h"
@@ -128,23 +129,68 @@ constexpr int kGemmSlots =
 constexpr size_t kRouterGemmSmem = sizeof(uint4) * kGemmSlots;  // 192 KB
 static_assert(sizeof(float) * kRouterGemmRound * kRouterStagedThreads <= kRouterGemmSmem);
 
-// Chunk u of the round (slots u): the 64 outputs' fma steps, in the staged contract's order.
+// One chunk of a thread's chain for the 64 outputs, in the staged contract's order: ws[r * 256]
+// is row r's chunk, xs[n * 256] token n's (the thread's slots, consecutive threads' 16-byte
+// slots consecutive: no bank conflict).
 template <bool kF16W>
-__device__ __forceinline__ void gemm_chunk(const uint4* slots, int u, int tid,
+__device__ __forceinline__ void gemm_chunk(const uint4* ws, const uint4* xs, int tid,
                                            float (&acc)[kRouterGemmRows][kRouterGemmTokens]) {
-  constexpr int kOps = kRouterGemmRows + kRouterGemmTokens;
   uint4 wv[kRouterGemmRows], xv[kRouterGemmTokens];
 #pragma unroll
-  for (int r = 0; r < kRouterGemmRows; ++r)
-    wv[r] = slots[(u * kOps + r) * kRouterStagedThreads + tid];
+  for (int r = 0; r < kRouterGemmRows; ++r) wv[r] = ws[r * kRouterStagedThreads + tid];
 #pragma unroll
-  for (int n = 0; n < kRouterGemmTokens; ++n)
-    xv[n] = slots[(u * kOps + kRouterGemmRows + n) * kRouterStagedThreads + tid];
+  for (int n = 0; n < kRouterGemmTokens; ++n) xv[n] = xs[n * kRouterStagedThreads + tid];
   float xf[kRouterGemmTokens][kGemvChunk];
 #pragma unroll
   for (int n = 0; n < kRouterGemmTokens; ++n) bf16_chunk_unpack(xv[n], xf[n]);
 #pragma unroll
   for (int r = 0; r < kRouterGemmRows; ++r) bf16_chunk_fma_tokens<kF16W>(wv[r], xf, acc[r]);
+}
+
+// The tile's 64 outputs from every thread's chains, in two rounds of 32 (rows 4 g .. 4 g + 3 of
+// the tile): every thread stores its chains in part, then warp v folds outputs 4 v .. 4 v + 3 of
+// the round (row 4 g + v / 2, tokens 4 (v % 2) ..) as the staged kernel folds a row (p = part[l],
+// then part[l + 32 w] for w = 1..7 in order, then the butterfly) and lane 0 stores the outputs
+// inside rows x T. Starts with a barrier: part may be read by the previous tile's folds or alias
+// slots other threads still read.
+__device__ __forceinline__ void gemm_fold_store(
+    const float (&acc)[kRouterGemmRows][kRouterGemmTokens], float (*part)[kRouterStagedThreads],
+    int tid, int64_t r0, int64_t t0, int64_t rows, int64_t T, float* y) {
+  const int lane = tid % kWarpSize, warp = tid / kWarpSize;
+  constexpr int kRoundRows = kRouterGemmRound / kRouterGemmTokens;
+  static_assert(kRouterGemmRows % kRoundRows == 0 && kRouterGemmRound % kRouterStagedWarps == 0);
+  constexpr int kPerWarp = kRouterGemmRound / kRouterStagedWarps;
+#pragma unroll
+  for (int g = 0; g < kRouterGemmRows / kRoundRows; ++g) {
+    __syncthreads();  // every thread is past the reads of part (or of the slots it aliases)
+#pragma unroll
+    for (int i = 0; i < kRouterGemmRound; ++i)
+      part[i][tid] = acc[g * kRoundRows + i / kRouterGemmTokens][i % kRouterGemmTokens];
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kPerWarp; ++k) {
+      const int i = warp * kPerWarp + k;
+      float v = part[i][lane];
+#pragma unroll
+      for (int ww = 1; ww < kRouterStagedWarps; ++ww) v = add_rn(v, part[i][lane + kWarpSize * ww]);
+      v = warp_butterfly(v);
+      const int64_t row = r0 + g * kRoundRows + i / kRouterGemmTokens;
+      const int64_t tok = t0 + i % kRouterGemmTokens;
+      if (lane == 0 && row < rows && tok < T) y[tok * rows + row] = v;
+    }
+  }
+}
+
+// q8_1 block j of x (row-major [T, K / 32]) on warp j % 8 of flat block j / 8 of n_blocks, and
+// every such block again a grid's width on.
+__device__ __forceinline__ void gemm_write_q8(const uint16_t* x, BlockQ8_1* xq, int64_t T,
+                                              int64_t K, int64_t flat_block, int64_t n_blocks,
+                                              int tid) {
+  const int lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int64_t n_q8 = T * (K / kQK8_1);
+  const int64_t step = n_blocks * kRouterStagedWarps;
+  for (int64_t j = flat_block * kRouterStagedWarps + warp; j < n_q8; j += step)
+    detail::quantize_block_warp(bf16_to_f32(__ldg(x + j * kQK8_1 + lane)), lane, xq + j);
 }
 
 template <bool kF16W>
@@ -154,7 +200,6 @@ __global__ void __launch_bounds__(kRouterStagedThreads, 1)
   extern __shared__ uint4 gemm_slots[];
   constexpr int kOps = kRouterGemmRows + kRouterGemmTokens;
   const int tid = threadIdx.x;
-  const int lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kRouterGemmTokens;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRouterGemmRows;
   const int64_t nchunks = K / kGemvChunk;
@@ -196,51 +241,141 @@ __global__ void __launch_bounds__(kRouterStagedThreads, 1)
     }
     static_assert(kGemmStages == 3, "the waits below name the pending groups of 3 stages");
     bulk::async_wait<2>();
-    gemm_chunk<kF16W>(gemm_slots, 0, tid, acc);
+    gemm_chunk<kF16W>(gemm_slots + 0 * kOps * kRouterStagedThreads,
+                      gemm_slots + (0 * kOps + kRouterGemmRows) * kRouterStagedThreads, tid, acc);
     if (c0 + kRouterStagedThreads >= nchunks) break;
     bulk::async_wait<1>();
-    gemm_chunk<kF16W>(gemm_slots, 1, tid, acc);
+    gemm_chunk<kF16W>(gemm_slots + 1 * kOps * kRouterStagedThreads,
+                      gemm_slots + (1 * kOps + kRouterGemmRows) * kRouterStagedThreads, tid, acc);
     if (c0 + 2 * kRouterStagedThreads >= nchunks) break;
     bulk::async_wait<0>();
-    gemm_chunk<kF16W>(gemm_slots, 2, tid, acc);
+    gemm_chunk<kF16W>(gemm_slots + 2 * kOps * kRouterStagedThreads,
+                      gemm_slots + (2 * kOps + kRouterGemmRows) * kRouterStagedThreads, tid, acc);
   }
   bulk::async_wait<0>();  // a thread that left early still owns copies in flight
 
-  // Two rounds of 32 outputs (rows 4 g .. 4 g + 3 of the tile): every thread stores its chains,
-  // then warp v folds outputs 4 v .. 4 v + 3 of the round (row 4 g + v / 2, tokens 4 (v % 2) ..).
-  // The partials reuse the slots once every thread is past its chunks.
-  float(*part)[kRouterStagedThreads] = reinterpret_cast<float(*)[kRouterStagedThreads]>(gemm_slots);
-  constexpr int kRoundRows = kRouterGemmRound / kRouterGemmTokens;
-  static_assert(kRouterGemmRows % kRoundRows == 0 && kRouterGemmRound % kRouterStagedWarps == 0);
-  constexpr int kPerWarp = kRouterGemmRound / kRouterStagedWarps;
+  // The partials reuse the slots once every thread is past its chunks (the fold's first barrier).
+  gemm_fold_store(acc, reinterpret_cast<float(*)[kRouterStagedThreads]>(gemm_slots), tid, r0, t0,
+                  rows, T, y);
+  if (xq == nullptr) return;
+  gemm_write_q8(x, xq, T, K, static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x,
+                static_cast<int64_t>(gridDim.x) * gridDim.y, tid);
+}
+
+// The persistent form of the GEMM (K <= kResRounds x 256 chunks, 6144 values; the same chains,
+// folds and bits). A grid of at most one block a multiprocessor walks the tiles, so no tile
+// waits for a wave to drain: block b takes token tiles g0, g0 + groups, ... (g0 = b / bpt,
+// groups = gridDim.x / bpt) and, within each, row tiles j, j + bpt, ... (j = b % bpt). A token
+// tile's x stays in shared memory for all of the block's row tiles there (each thread's own
+// chunks, copied once), and only the weights stream: a thread's steps (tile, chunk u) run
+// through a ring of kPStages weight steps, kPStages of them in flight, each step its own
+// cp.async group, so the next tile's weights land while this tile computes and folds. At T = 64
+// on 132 multiprocessors: 8 token tiles x 16 blocks, 3 row tiles a block, 80 KB of x and 240 KB
+// of weights into each multiprocessor, against 3 waves of 160 KB a tile in the form above.
+// A thread reads only its own slots (weights and x), so only the folds need barriers; a new
+// token tile's x is copied after the thread's last use of the previous one and waited for
+// before its first (the thread's copies drained there: at most once a token tile).
+constexpr int kResRounds = 3;  // a thread's chunks of a tile held in shared memory
+constexpr int kPStages = 3;    // weight steps a thread has in flight
+constexpr int kPWSlots = kPStages * kRouterGemmRows * kRouterStagedThreads;
+constexpr int kPXSlots = kResRounds * kRouterGemmTokens * kRouterStagedThreads;
+constexpr size_t kResidentSmem = sizeof(uint4) * (kPWSlots + kPXSlots) +
+                                 sizeof(float) * kRouterGemmRound * kRouterStagedThreads;  // 224 KB
+static_assert(kResidentSmem <= 227 * 1024, "one block a multiprocessor (sm_90's opt-in limit)");
+
+template <bool kF16W>
+__global__ void __launch_bounds__(kRouterStagedThreads, 1)
+    router_gemm_resident_kernel(const uint16_t* __restrict__ w, const uint16_t* __restrict__ x,
+                                float* __restrict__ y, int64_t rows, int64_t K, int64_t T,
+                                BlockQ8_1* xq, int bpt) {
+  extern __shared__ uint4 gemm_slots[];
+  uint4* const ring = gemm_slots;             // [kPStages][8 rows][256 threads]
+  uint4* const xres = gemm_slots + kPWSlots;  // [kResRounds][8 tokens][256 threads]
+  float(*part)[kRouterStagedThreads] =
+      reinterpret_cast<float(*)[kRouterStagedThreads]>(gemm_slots + kPWSlots + kPXSlots);
+  const int tid = threadIdx.x;
+  const int64_t nchunks = K / kGemvChunk;
+  // This thread's chunks of a tile (chunks tid, tid + 256, ...): at most kResRounds.
+  const int nu =
+      tid < nchunks ? static_cast<int>((nchunks - 1 - tid) / kRouterStagedThreads) + 1 : 0;
+  const int64_t n_tt = (T + kRouterGemmTokens - 1) / kRouterGemmTokens;
+  const int64_t n_rt = (rows + kRouterGemmRows - 1) / kRouterGemmRows;
+  const int64_t groups = gridDim.x / bpt;
+  const int64_t j = blockIdx.x % bpt, g0 = blockIdx.x / bpt;
+  const int64_t rt_per = j < n_rt ? (n_rt - 1 - j) / bpt + 1 : 0;         // row tiles a token tile
+  const int64_t tt_count = g0 < n_tt ? (n_tt - 1 - g0) / groups + 1 : 0;  // token tiles
+  const int64_t n_steps = tt_count * rt_per * nu;
+  pdl::wait();  // a no-op unless launched programmatically (cuda/pdl.cuh)
+  pdl::launch_dependents();
+
+  // The copy cursor: step `issued` is chunk c_u of the block's row tile c_rt (the token tile
+  // does not matter to the weights), into ring stage c_st. Every call commits one group.
+  int64_t issued = 0, c_rt = 0;
+  int c_u = 0, c_st = 0;
+  auto issue_next = [&]() {
+    if (issued < n_steps) {
+      const int64_t r0 = (j + c_rt * bpt) * kRouterGemmRows;
+      const int64_t c = tid + static_cast<int64_t>(c_u) * kRouterStagedThreads;
+      uint4* dst = ring + c_st * kRouterGemmRows * kRouterStagedThreads + tid;
 #pragma unroll
-  for (int g = 0; g < kRouterGemmRows / kRoundRows; ++g) {
-    __syncthreads();  // every thread is past its chunks (g = 0) or the previous round's folds
+      for (int r = 0; r < kRouterGemmRows; ++r) {
+        const int64_t row = r0 + r < rows ? r0 + r : rows - 1;
+        bulk::async16(dst + r * kRouterStagedThreads, w + row * K + c * kGemvChunk);
+      }
+      ++issued;
+      if (++c_st == kPStages) c_st = 0;
+      if (++c_u == nu) {
+        c_u = 0;
+        if (++c_rt == rt_per) c_rt = 0;
+      }
+    }
+    bulk::async_commit();
+  };
+  // This thread's chunks of token tile tt's 8 tokens (the last token past T), one group.
+  auto load_x = [&](int64_t tt) {
+    for (int u = 0; u < nu; ++u) {
+      const int64_t c = tid + static_cast<int64_t>(u) * kRouterStagedThreads;
 #pragma unroll
-    for (int i = 0; i < kRouterGemmRound; ++i)
-      part[i][tid] = acc[g * kRoundRows + i / kRouterGemmTokens][i % kRouterGemmTokens];
-    __syncthreads();
+      for (int n = 0; n < kRouterGemmTokens; ++n) {
+        const int64_t tok = tt * kRouterGemmTokens + n < T ? tt * kRouterGemmTokens + n : T - 1;
+        bulk::async16(xres + (u * kRouterGemmTokens + n) * kRouterStagedThreads + tid,
+                      x + tok * K + c * kGemvChunk);
+      }
+    }
+    bulk::async_commit();
+  };
+
+  if (tt_count > 0) load_x(g0);
+  for (int s = 0; s < kPStages; ++s) issue_next();
+  int st = 0;  // the ring stage of the next step computed
+  for (int64_t a = 0; a < tt_count; ++a) {
+    const int64_t tt = g0 + a * groups;
+    if (a > 0) {  // past this thread's last read of the previous token tile's x
+      load_x(tt);
+      bulk::async_wait<0>();
+    }
+    for (int64_t b = 0; b < rt_per; ++b) {
+      float acc[kRouterGemmRows][kRouterGemmTokens];
 #pragma unroll
-    for (int k = 0; k < kPerWarp; ++k) {
-      const int i = warp * kPerWarp + k;
-      float v = part[i][lane];
+      for (int r = 0; r < kRouterGemmRows; ++r)
 #pragma unroll
-      for (int ww = 1; ww < kRouterStagedWarps; ++ww) v = add_rn(v, part[i][lane + kWarpSize * ww]);
-      v = warp_butterfly(v);
-      const int64_t row = r0 + g * kRoundRows + i / kRouterGemmTokens;
-      const int64_t tok = t0 + i % kRouterGemmTokens;
-      if (lane == 0 && row < rows && tok < T) y[tok * rows + row] = v;
+        for (int n = 0; n < kRouterGemmTokens; ++n) acc[r][n] = 0.0f;
+      for (int u = 0; u < nu; ++u) {
+        // The step's group: every group but the kPStages - 1 after it (steps not yet computed)
+        // has landed, x's included.
+        bulk::async_wait<kPStages - 1>();
+        gemm_chunk<kF16W>(ring + st * kRouterGemmRows * kRouterStagedThreads,
+                          xres + u * kRouterGemmTokens * kRouterStagedThreads, tid, acc);
+        issue_next();  // into the stage just read (this thread's own slots)
+        if (++st == kPStages) st = 0;
+      }
+      gemm_fold_store(acc, part, tid, (j + b * bpt) * kRouterGemmRows, tt * kRouterGemmTokens, rows,
+                      T, y);
     }
   }
+  bulk::async_wait<0>();
   if (xq == nullptr) return;
-  // q8_1 block j of x (row-major [T, K / 32]) on warp j % 8 of flat block j / 8, and every such
-  // block again a grid's width on.
-  const int64_t n_q8 = T * (K / kQK8_1);
-  const int64_t step = static_cast<int64_t>(gridDim.x) * gridDim.y * kRouterStagedWarps;
-  for (int64_t j =
-           (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kRouterStagedWarps + warp;
-       j < n_q8; j += step)
-    detail::quantize_block_warp(bf16_to_f32(__ldg(x + j * kQK8_1 + lane)), lane, xq + j);
+  gemm_write_q8(x, xq, T, K, blockIdx.x, gridDim.x, tid);
 }
 
 template <bool kF16W>
@@ -252,6 +387,27 @@ void launch_router_gemm(const uint16_t* w, const uint16_t* x, float* y, int64_t 
                   static_cast<unsigned>((rows + kRouterGemmRows - 1) / kRouterGemmRows));
   pdl::launch(router_gemm_kernel<kF16W>, grid, dim3(kRouterStagedThreads), kRouterGemmSmem,
               as_stream(stream), w, x, y, rows, K, T, xq);
+}
+
+// The persistent form over at most one block a multiprocessor: with n_tt token tiles, bpt blocks
+// a token tile (as many as the multiprocessors allow, at most the row tiles) and groups = n_tt;
+// above one token tile a multiprocessor, one block a multiprocessor and groups of one block.
+template <bool kF16W>
+void launch_router_gemm_resident(const uint16_t* w, const uint16_t* x, float* y, int64_t rows,
+                                 int64_t K, int64_t T, BlockQ8_1* xq, void* stream) {
+  allow_dynamic_smem(reinterpret_cast<const void*>(router_gemm_resident_kernel<kF16W>),
+                     static_cast<int>(kResidentSmem));
+  const int64_t n_tt = (T + kRouterGemmTokens - 1) / kRouterGemmTokens;
+  const int64_t n_rt = (rows + kRouterGemmRows - 1) / kRouterGemmRows;
+  const int64_t sms = current_sm_count();
+  int64_t bpt = 1, groups = sms;
+  if (n_tt <= sms) {
+    bpt = std::min(sms / n_tt, n_rt);
+    groups = n_tt;
+  }
+  pdl::launch(router_gemm_resident_kernel<kF16W>, dim3(static_cast<unsigned>(groups * bpt)),
+              dim3(kRouterStagedThreads), kResidentSmem, as_stream(stream), w, x, y, rows, K, T, xq,
+              static_cast<int>(bpt));
 }
 
 // One launch of router_staged_kernel<kF16W, kN> over `groups` groups of kN tokens from t_first.
@@ -286,11 +442,13 @@ void launch_staged(const uint16_t* w, const uint16_t* x, float* y, int64_t rows,
   }
 }
 
-bool g_router_gemm = true;  // cuda::set_router_gemm
+bool g_router_gemm = true;           // cuda::set_router_gemm
+bool g_router_gemm_resident = true;  // cuda::set_router_gemm_resident
 
 }  // namespace
 
 void set_router_gemm(bool on) { g_router_gemm = on; }
+void set_router_gemm_resident(bool on) { g_router_gemm_resident = on; }
 
 void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y, int64_t rows,
                  int64_t K, int64_t T, void* stream, GgmlType w_type, BlockQ8_1* x_q8) {
@@ -325,6 +483,11 @@ void router_gemv(RouterVariant v, const uint16_t* w, const uint16_t* x, float* y
   // The GEMM's grid holds the row tiles in y (at most 65535); more rows take the staged kernel.
   if (T > kMaxGroupRows && g_router_gemm &&
       (rows + kRouterGemmRows - 1) / kRouterGemmRows <= 65535) {
+    if (g_router_gemm_resident && K / kGemvChunk <= kResRounds * kRouterStagedThreads) {
+      if (f16) launch_router_gemm_resident<true>(w, x, y, rows, K, T, x_q8, stream);
+      else launch_router_gemm_resident<false>(w, x, y, rows, K, T, x_q8, stream);
+      return;
+    }
     if (f16) launch_router_gemm<true>(w, x, y, rows, K, T, x_q8, stream);
     else launch_router_gemm<false>(w, x, y, rows, K, T, x_q8, stream);
     return;

@@ -408,12 +408,15 @@ Row run_tokens(Ctx& k, int64_t T, double& emu_per_token_s) {
 struct Setting {
   std::string name;
   cuda::LayerOptions lo;
+  int router_resident = -1;  // cuda::set_router_gemm_resident before the layer (-1: leave it)
 };
 
 void sweep_settings(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<int64_t>& Ts,
                     const std::vector<Setting>& settings, const char* title) {
   std::vector<std::vector<double>> us;
   for (const Setting& st : settings) {
+    // Read when the layer's graphs are captured (its first graph_forward at each T).
+    if (st.router_resident >= 0) cuda::set_router_gemm_resident(st.router_resident != 0);
     cuda::MoeLayer layer(w, st.lo);
     std::vector<double> row;
     for (const int64_t T : Ts) {
@@ -480,6 +483,20 @@ void sweep_beside(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<
       settings.push_back(st);
     }
   sweep_settings(w, dev, Ts, settings, "the MMQ launches beside the MMVQ launches");
+}
+
+// The staged router's GEMM above 8 tokens: its persistent form (the default) against the form
+// of a block a tile (cuda::set_router_gemm_resident), in the order 1, 0, 1, 0.
+void sweep_router(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<int64_t>& Ts) {
+  std::vector<Setting> settings;
+  for (int pass = 0; pass < 2; ++pass)
+    for (const int r : {1, 0}) {
+      Setting st{r == 1 ? "router GEMM resident (default)" : "router GEMM a block a tile", {}, r};
+      st.lo.route = RoutePlace::kDevice;
+      settings.push_back(st);
+    }
+  sweep_settings(w, dev, Ts, settings, "the router GEMM's forms");
+  cuda::set_router_gemm_resident(true);
 }
 
 // The engines of the batched layers' launches: the MMVQ groups on the dp4a kernel
@@ -560,7 +577,9 @@ void sweep_stream_limit(const LayerWeights& w, const std::vector<int64_t>& Ts) {
 // (sweep_stream_limit) at T = 64, 128, 256, 512 and 4096, or at the T given after it;
 // `batched_bench split [T ...]`: only the split sweep, every setting from 0 to 8 and the default,
 // at T = 16, 64, 128, 256, 512 and 4096 or at the T given; `batched_bench beside [T ...]`: only
-// the MMQ-beside sweep (sweep_beside), at T = 16, 64, 128, 256 and 512 or at the T given.
+// the MMQ-beside sweep (sweep_beside), at T = 16, 64, 128, 256 and 512 or at the T given;
+// `batched_bench router [T ...]`: only the router GEMM's forms (sweep_router), at T = 16, 64 and
+// 512 or at the T given.
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a failed check's exit(1) keeps every line printed
   const auto start = Clock::now();
@@ -594,6 +613,15 @@ int main(int argc, char** argv) {
     lo.route = RoutePlace::kDevice;
     cuda::MoeLayer dev(w, lo);
     sweep_beside(w, dev, Ts);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "router") {
+    std::vector<int64_t> Ts;  // `batched_bench router [T ...]`
+    for (int i = 2; i < argc; ++i) Ts.push_back(std::stoll(argv[i]));
+    if (Ts.empty()) Ts = {16, 64, 512};
+    lo.route = RoutePlace::kDevice;
+    cuda::MoeLayer dev(w, lo);
+    sweep_router(w, dev, Ts);
     return 0;
   }
   cuda::MoeLayer host(w, lo);

@@ -142,6 +142,14 @@ inline ::testing::AssertionResult same_q8(const std::string& stage,
 }
 
 // "--gtest_filter=<this test> seed=<seed>" for the failure messages.
+// The current device's multiprocessors (shapes that must exceed one tile a multiprocessor).
+inline int sm_count() {
+  int dev = 0, sms = 0;
+  (void)cudaGetDevice(&dev);
+  (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  return sms > 0 ? sms : 132;
+}
+
 inline std::string repro(uint64_t seed, const std::string& extra = "") {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   return std::string("--gtest_filter=") + info->test_suite_name() + "." + info->name() + " (seed " +

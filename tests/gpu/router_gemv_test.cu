@@ -139,6 +139,64 @@ TEST(RouterGemv, StagedGemmEqualsEmu_RoundsOfChunks_BothWeightTypes) {
   }
 }
 
+// The GEMM's persistent form (K <= 6144: a grid of at most one block a multiprocessor walking
+// the tiles, a token tile's x resident, the weights through a ring of three steps): blocks with
+// one and several row tiles, token tiles shared by many blocks and, past 8 tokens a
+// multiprocessor, blocks that take several token tiles (the x copied again); ragged rows,
+// tokens and chunks (threads with 0 - 3 chunks); bf16 and f16 weights; q8_1 of x written by the
+// same launch. Bitwise equal to the emulation and to the form of a block a tile, twice.
+TEST(RouterGemv, StagedGemmResidentEqualsEmuAndTiledForm_TileWalks) {
+  MOECHECK_REQUIRE_GPU();
+  struct Shape {
+    int64_t rows, K, T;
+  };
+  const int sms = gputest::sm_count();
+  const std::vector<Shape> shapes = {{384, 5120, 64},
+                                     {384, 5120, 17},
+                                     {13, 6144, 9},
+                                     {70, 2056, 140},
+                                     {9, 8, 33},
+                                     {1, 4096, 300},
+                                     {40, 1032, 8 * sms + 5},
+                                     {16, 256, 16 * sms + 9},
+                                     {384, 5120, 512},
+                                     {200, 3000 - 3000 % 8, 77}};
+  uint64_t seed = 4900;
+  for (const Shape& sh : shapes) {
+    for (const GgmlType wt : {GgmlType::kBF16, GgmlType::kF16}) {
+      ++seed;
+      emutest::Gen g(seed);
+      const auto w = g.bf16(sh.rows * sh.K, 0.02);
+      auto x = g.bf16(sh.T * sh.K, 1.0);
+      if (seed % 3 == 0) x[g.u32() % x.size()] = 0x7FC0;  // NaN
+      std::vector<float> want(static_cast<size_t>(sh.T * sh.rows));
+      emu::router_gemv(RouterVariant::kStaged, w.data(), x.data(), want.data(), sh.rows, sh.K, sh.T,
+                       wt);
+      const bool q8 = sh.K % kQK8_1 == 0;
+      std::vector<BlockQ8_1> want_q(q8 ? static_cast<size_t>(sh.T * sh.K / kQK8_1) : 0);
+      if (q8) emu::quantize_q8_1_bf16(x.data(), want_q.data(), sh.T, sh.K);
+      DevArray<uint16_t> dw(w), dx(x);
+      DevArray<float> dy(want.size());
+      DevArray<BlockQ8_1> dq(q8 ? want_q.size() : 1);
+      for (int form = 0; form < 3; ++form) {  // resident, resident again, a block a tile
+        cuda::set_router_gemm_resident(form < 2);
+        dy.poison();
+        dq.poison();
+        cuda::router_gemv(RouterVariant::kStaged, dw.get(), dx.get(), dy.get(), sh.rows, sh.K, sh.T,
+                          nullptr, wt, q8 ? dq.get() : nullptr);
+        const std::string r = gputest::repro(
+            seed, std::string(form < 2 ? "resident" : "tiled") +
+                      " rows=" + std::to_string(sh.rows) + " K=" + std::to_string(sh.K) +
+                      " T=" + std::to_string(sh.T) + (wt == GgmlType::kF16 ? " f16" : " bf16"));
+        cuda::set_router_gemm_resident(true);
+        ASSERT_TRUE(same_f32("router logits (GEMM forms)", dy.host(), want, sh.rows, r));
+        if (q8)
+          ASSERT_TRUE(gputest::same_q8("x_q8 (router GEMM)", dq.host(), want_q, sh.K / kQK8_1, r));
+      }
+    }
+  }
+}
+
 // q8_1 of x written by the router's launch (the device route's form): the bytes of
 // emu::quantize_q8_1_bf16 and the logits unchanged, both variants, T from 1 to 40 (more q8_1
 // blocks than the staged grid has spare warps at small row counts: the grid-stride loop), NaN
