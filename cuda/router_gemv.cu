@@ -1,8 +1,9 @@
 // router_gemv: bf16 or f16 router weights [rows, K] times bf16 tokens [T, K], f32 logits [T, rows].
 // Contract: docs/numerics.md "router_gemv"; twin: emu::router_gemv (emulate/router_gemv.h).
 // kPlain runs the plain schedule of cuda/gemv_plain.cuh (kernel in cuda/bf16_gemv.cu); kStaged
-// is here: one block of kRouterStagedThreads per row (above 8 tokens, per 8 rows x 8 tokens:
-// router_gemm_kernel), thread t taking chunks t, t + 256, ...,
+// is here: one block of kRouterStagedThreads per row (above 8 tokens, per tile of 8 rows x 8
+// tokens: router_gemm_kernel, or for K <= 6144 router_gemm_resident_kernel, whose blocks walk
+// the tiles), thread t taking chunks t, t + 256, ...,
 // partials staged in shared memory, folded by warp 0 (p = part[l], then part[l + 32 w] for
 // w = 1..7 in order) and finished by the butterfly; meanwhile warps 1..7 of every block may
 // write q8_1 of x (cuda/q8_1_block.cuh, the bytes of quantize_q8_1_bf16), one 32-value block
