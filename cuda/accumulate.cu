@@ -54,6 +54,61 @@ __global__ void __launch_bounds__(kThreads)
   if (y != nullptr) y[i] = f32_to_bf16(a);
 }
 
+// Four consecutive elements of one token a thread (dim % 4 == 0; down, shared and acc 16-byte
+// aligned, y 8-byte aligned; topk <= kLoadsAhead): 16-byte loads of each pick's down values,
+// a quarter of the threads and load instructions of the kernel above. Each element's chain is the
+// one above (+0, fma_rn over the picks in the given order, then add_rn of the shared value), so
+// the bits are the same.
+__global__ void __launch_bounds__(kThreads)
+    accumulate4_kernel(const int32_t* rows, const float* weights, int64_t topk, const float* down,
+                       const float* shared, float* acc, uint16_t* y, int64_t T, int64_t dim) {
+  const int64_t q = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t i = 4 * q;
+  if (i >= T * dim) return;
+  const int64_t t = i / dim;
+  const int64_t c = i - t * dim;
+  int32_t r[kLoadsAhead];
+  float wk[kLoadsAhead];
+  float4 dk[kLoadsAhead];
+#pragma unroll
+  for (int k = 0; k < kLoadsAhead; ++k)
+    if (k < topk) {
+      r[k] = __ldg(rows + t * topk + k);
+      wk[k] = __ldg(weights + t * topk + k);
+    }
+  const float4 sh = shared != nullptr ? __ldg(reinterpret_cast<const float4*>(shared + i))
+                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int k = 0; k < kLoadsAhead; ++k)
+    if (k < topk)
+      dk[k] = __ldg(reinterpret_cast<const float4*>(down + static_cast<int64_t>(r[k]) * dim + c));
+  float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int k = 0; k < kLoadsAhead; ++k)
+    if (k < topk) {
+      a.x = fma_rn(wk[k], dk[k].x, a.x);
+      a.y = fma_rn(wk[k], dk[k].y, a.y);
+      a.z = fma_rn(wk[k], dk[k].z, a.z);
+      a.w = fma_rn(wk[k], dk[k].w, a.w);
+    }
+  if (shared != nullptr) {
+    a.x = add_rn(a.x, sh.x);
+    a.y = add_rn(a.y, sh.y);
+    a.z = add_rn(a.z, sh.z);
+    a.w = add_rn(a.w, sh.w);
+  }
+  *reinterpret_cast<float4*>(acc + i) = a;
+  if (y != nullptr) {
+    const uint32_t lo = f32_to_bf16(a.x) | static_cast<uint32_t>(f32_to_bf16(a.y)) << 16;
+    const uint32_t hi = f32_to_bf16(a.z) | static_cast<uint32_t>(f32_to_bf16(a.w)) << 16;
+    *reinterpret_cast<uint2*>(y + i) = make_uint2(lo, hi);
+  }
+}
+
+bool g_accumulate4 = true;  // cuda::set_accumulate_vector
+
+bool aligned_to(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
 __global__ void __launch_bounds__(kThreads)
     finish_kernel(const float* acc, uint16_t* y, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -77,11 +132,21 @@ void accumulate(const int32_t* rows, const float* weights, int64_t topk, const f
   }
   require_aligned(acc, 4, "accumulate", "acc");
   const int64_t n = T * dim;
+  if (g_accumulate4 && dim % 4 == 0 && topk <= kLoadsAhead && aligned_to(down, 16) &&
+      aligned_to(shared, 16) && aligned_to(acc, 16) && aligned_to(y, 8)) {
+    prefer_shared_carveout(reinterpret_cast<const void*>(accumulate4_kernel));
+    accumulate4_kernel<<<static_cast<unsigned>((n / 4 + kThreads - 1) / kThreads), kThreads, 0,
+                         as_stream(stream)>>>(rows, weights, topk, down, shared, acc, y, T, dim);
+    MOECHECK_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   prefer_shared_carveout(reinterpret_cast<const void*>(accumulate_kernel));
   accumulate_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0,
                       as_stream(stream)>>>(rows, weights, topk, down, shared, acc, y, T, dim);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
 }
+
+void set_accumulate_vector(bool on) { g_accumulate4 = on; }
 
 void finish(const float* acc, uint16_t* y, int64_t n, void* stream) {
   if (n < 0) throw InputError("cuda::finish: n must be >= 0, found " + std::to_string(n));

@@ -168,7 +168,8 @@ double router_us(const LayerWeights& w) {
 // stream_tokens = 0.. (cuda::set_mmvq_stream_layer_tokens: the streamed MMVQ above 8 tokens),
 // whole_sm = 0 / 1 and pass_tokens = 0..2 (cuda::set_mmvq_stream_pass_shape; whole_sm first),
 // router_gemm = 0 / 1 (cuda::set_router_gemm: the staged router's GEMM above 8 tokens), rres = 0 /
-// 1 (cuda::set_router_gemm_resident: that GEMM's persistent form), step = 0 /
+// 1 (cuda::set_router_gemm_resident: that GEMM's persistent form), acc4 = 0 / 1
+// (cuda::set_accumulate_vector: four elements a thread), step = 0 /
 // 4 / 8 (cuda::set_mmvq_stream_step: the streamed MMVQ's super-blocks a row a step), head = -1..8
 // (cuda::set_mmvq_stream_head: the steps a warp issues before its block stages the activations),
 // mmq_beside = -1..2 (LayerOptions::mmq_beside; -1 the default by T).
@@ -195,6 +196,7 @@ static bool apply_keys(const std::vector<std::string>& kv, cuda::LayerOptions& l
     else if (k == "stream_tokens" && v >= 0) cuda::set_mmvq_stream_layer_tokens(v);
     else if (k == "router_gemm" && (v == 0 || v == 1)) cuda::set_router_gemm(v == 1);
     else if (k == "rres" && (v == 0 || v == 1)) cuda::set_router_gemm_resident(v == 1);
+    else if (k == "acc4" && (v == 0 || v == 1)) cuda::set_accumulate_vector(v == 1);
     else if (k == "step" && (v == 0 || v == 4 || v == 8)) cuda::set_mmvq_stream_step(v);
     else if (k == "head" && eq != std::string::npos && v >= -1 && v <= 8)
       cuda::set_mmvq_stream_head(v);

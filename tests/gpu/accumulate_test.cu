@@ -1,6 +1,7 @@
 // cuda::accumulate and cuda::finish vs emu::accumulate / emu::finish, bitwise: >= 100 seeded
 // cases (picks in random order, the kernel given them in ascending expert id as the layer
-// does), adversarial values (NaN, Inf, huge, values whose sum rounds on a bf16 tie), twice.
+// does), adversarial values (NaN, Inf, huge, values whose sum rounds on a bf16 tie), twice, and
+// once more with one element a thread (cuda::set_accumulate_vector(false)).
 // Contract: docs/numerics.md "accumulate, finish".
 #include <algorithm>
 #include <cmath>
@@ -21,7 +22,10 @@ TEST(Accumulate, EqualsEmu_100Seeds) {
   for (uint64_t seed = 1; seed <= 100; ++seed) {
     emutest::Gen g(seed * 2654435761u);
     // topk up to 12: the kernel issues every load ahead up to 8 picks, and loops beyond.
-    const int64_t T = 1 + g.u32() % 11, topk = 1 + g.u32() % 12, dim = 32 * (1 + g.u32() % 40);
+    // dim % 4 != 0 on every seventh seed: the one-element-a-thread kernel (the four-element
+    // kernel needs dim % 4 == 0 and topk <= 8; both run on the other seeds, below).
+    const int64_t T = 1 + g.u32() % 11, topk = 1 + g.u32() % 12,
+                  dim = 32 * (1 + g.u32() % 40) + (seed % 7 == 0 ? 2 : 0);
     const int64_t n_exp = topk + g.u32() % 20;
     std::vector<int32_t> ids(static_cast<size_t>(T * topk));
     for (int64_t t = 0; t < T; ++t) {
@@ -60,13 +64,16 @@ TEST(Accumulate, EqualsEmu_100Seeds) {
     DevArray<float> dw(w_sorted), dd(down), ds(shared), dacc(acc.size());
     DevArray<uint16_t> dy(y.size()), dy2(y.size());
     const std::string r = gputest::repro(seed * 2654435761u);
-    for (int run = 0; run < 2; ++run) {
+    for (int run = 0; run < 3; ++run) {  // twice as the layer runs it, then one element a thread
+      cuda::set_accumulate_vector(run < 2);
       dacc.poison();
       dy.poison();
       cuda::accumulate(drows.get(), dw.get(), topk, dd.get(), ds.get(), dacc.get(), dy.get(), T,
                        dim, nullptr);
-      ASSERT_TRUE(gputest::same_f32("acc", dacc.host(), acc, dim, r));
-      ASSERT_TRUE(gputest::same_u16("output", dy.host(), y, dim, r));
+      cuda::set_accumulate_vector(true);
+      const std::string rr = r + (run < 2 ? " (default)" : " (set_accumulate_vector(false))");
+      ASSERT_TRUE(gputest::same_f32("acc", dacc.host(), acc, dim, rr));
+      ASSERT_TRUE(gputest::same_u16("output", dy.host(), y, dim, rr));
     }
     cuda::finish(dacc.get(), dy2.get(), T * dim, nullptr);
     std::vector<uint16_t> y2(y.size());
