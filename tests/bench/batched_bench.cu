@@ -409,6 +409,7 @@ struct Setting {
   std::string name;
   cuda::LayerOptions lo;
   int router_resident = -1;  // cuda::set_router_gemm_resident before the layer (-1: leave it)
+  int accumulate4 = -1;      // cuda::set_accumulate_vector before the layer (-1: leave it)
 };
 
 void sweep_settings(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<int64_t>& Ts,
@@ -417,6 +418,7 @@ void sweep_settings(const LayerWeights& w, cuda::MoeLayer& dev, const std::vecto
   for (const Setting& st : settings) {
     // Read when the layer's graphs are captured (its first graph_forward at each T).
     if (st.router_resident >= 0) cuda::set_router_gemm_resident(st.router_resident != 0);
+    if (st.accumulate4 >= 0) cuda::set_accumulate_vector(st.accumulate4 != 0);
     cuda::MoeLayer layer(w, st.lo);
     std::vector<double> row;
     for (const int64_t T : Ts) {
@@ -485,18 +487,28 @@ void sweep_beside(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<
   sweep_settings(w, dev, Ts, settings, "the MMQ launches beside the MMVQ launches");
 }
 
-// The staged router's GEMM above 8 tokens: its persistent form (the default) against the form
-// of a block a tile (cuda::set_router_gemm_resident), in the order 1, 0, 1, 0.
+// The thirty-fourth session's two launches against their former forms: the staged router's GEMM
+// above 8 tokens in its persistent form (cuda::set_router_gemm_resident) and the accumulation
+// four elements a thread (cuda::set_accumulate_vector), both on (the defaults), both off, the
+// router's alone off; in the order on, off, router off, on, off.
 void sweep_router(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<int64_t>& Ts) {
   std::vector<Setting> settings;
-  for (int pass = 0; pass < 2; ++pass)
-    for (const int r : {1, 0}) {
-      Setting st{r == 1 ? "router GEMM resident (default)" : "router GEMM a block a tile", {}, r};
-      st.lo.route = RoutePlace::kDevice;
-      settings.push_back(st);
-    }
-  sweep_settings(w, dev, Ts, settings, "the router GEMM's forms");
+  const struct {
+    const char* name;
+    int r, a;
+  } forms[] = {{"both new (default)", 1, 1},
+               {"both former", 0, 0},
+               {"router GEMM a block a tile", 0, 1},
+               {"both new (default)", 1, 1},
+               {"both former", 0, 0}};
+  for (const auto& f : forms) {
+    Setting st{f.name, {}, f.r, f.a};
+    st.lo.route = RoutePlace::kDevice;
+    settings.push_back(st);
+  }
+  sweep_settings(w, dev, Ts, settings, "the router GEMM's and the accumulation's forms");
   cuda::set_router_gemm_resident(true);
+  cuda::set_accumulate_vector(true);
 }
 
 // The engines of the batched layers' launches: the MMVQ groups on the dp4a kernel
@@ -578,8 +590,8 @@ void sweep_stream_limit(const LayerWeights& w, const std::vector<int64_t>& Ts) {
 // `batched_bench split [T ...]`: only the split sweep, every setting from 0 to 8 and the default,
 // at T = 16, 64, 128, 256, 512 and 4096 or at the T given; `batched_bench beside [T ...]`: only
 // the MMQ-beside sweep (sweep_beside), at T = 16, 64, 128, 256 and 512 or at the T given;
-// `batched_bench router [T ...]`: only the router GEMM's forms (sweep_router), at T = 16, 64 and
-// 512 or at the T given.
+// `batched_bench router [T ...]`: only the router GEMM's and the accumulation's forms
+// (sweep_router), at T = 16, 64 and 512 or at the T given.
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a failed check's exit(1) keeps every line printed
   const auto start = Clock::now();
