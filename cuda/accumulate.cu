@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/schedule.h"
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
 #include "cuda/kernels.h"
@@ -54,11 +55,11 @@ __global__ void __launch_bounds__(kThreads)
   if (y != nullptr) y[i] = f32_to_bf16(a);
 }
 
-// Four consecutive elements of one token a thread (dim % 4 == 0; down, shared and acc 16-byte
-// aligned, y 8-byte aligned; topk <= kLoadsAhead): 16-byte loads of each pick's down values,
-// a quarter of the threads and load instructions of the kernel above. Each element's chain is the
-// one above (+0, fma_rn over the picks in the given order, then add_rn of the shared value), so
-// the bits are the same.
+// Four consecutive elements of one token a thread (T > 8; dim % 4 == 0; down, shared and acc
+// 16-byte aligned, y 8-byte aligned; topk <= kLoadsAhead): 16-byte loads of each pick's down
+// values, a quarter of the threads and load instructions of the kernel above. Each element's chain
+// is the one above (+0, fma_rn over the picks in the given order, then add_rn of the shared value),
+// so the bits are the same.
 __global__ void __launch_bounds__(kThreads)
     accumulate4_kernel(const int32_t* rows, const float* weights, int64_t topk, const float* down,
                        const float* shared, float* acc, uint16_t* y, int64_t T, int64_t dim) {
@@ -132,8 +133,11 @@ void accumulate(const int32_t* rows, const float* weights, int64_t topk, const f
   }
   require_aligned(acc, 4, "accumulate", "acc");
   const int64_t n = T * dim;
-  if (g_accumulate4 && dim % 4 == 0 && topk <= kLoadsAhead && aligned_to(down, 16) &&
-      aligned_to(shared, 16) && aligned_to(acc, 16) && aligned_to(y, 8)) {
+  // Above 8 tokens only: at one token the one-element form was 0.4 us faster (2.3 against 2.7
+  // us on the H100, docs/performance.md, thirty-fourth session), at 64 and 512 tokens the
+  // four-element form 10 % and 14 % (7.0 against 6.3 us, 41.6 against 35.9).
+  if (g_accumulate4 && T > kMaxGroupRows && dim % 4 == 0 && topk <= kLoadsAhead &&
+      aligned_to(down, 16) && aligned_to(shared, 16) && aligned_to(acc, 16) && aligned_to(y, 8)) {
     prefer_shared_carveout(reinterpret_cast<const void*>(accumulate4_kernel));
     accumulate4_kernel<<<static_cast<unsigned>((n / 4 + kThreads - 1) / kThreads), kThreads, 0,
                          as_stream(stream)>>>(rows, weights, topk, down, shared, acc, y, T, dim);

@@ -283,9 +283,9 @@ void swiglu_bf16(const float* g, const float* u, float* h, uint16_t* hb, int64_t
 // shared term), acc f32 [T, dim]; y bf16 [T, dim] (nullable) = f32_to_bf16(acc).
 void accumulate(const int32_t* rows, const float* weights, int64_t topk, const float* down,
                 const float* shared, float* acc, uint16_t* y, int64_t T, int64_t dim, void* stream);
-// accumulate runs four elements a thread (16-byte loads; the same chains and bits) where dim % 4
-// == 0, topk <= 8 and down, shared, acc are 16-byte and y 8-byte aligned; false keeps one
-// element a thread everywhere (for the tests and benchmarks). Process-wide; default true.
+// accumulate runs four elements a thread (16-byte loads; the same chains and bits) where T > 8,
+// dim % 4 == 0, topk <= 8 and down, shared, acc are 16-byte and y 8-byte aligned; false keeps
+// one element a thread everywhere (for the tests and benchmarks). Process-wide; default true.
 void set_accumulate_vector(bool on);
 void finish(const float* acc, uint16_t* y, int64_t n, void* stream);
 

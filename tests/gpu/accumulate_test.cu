@@ -22,9 +22,10 @@ TEST(Accumulate, EqualsEmu_100Seeds) {
   for (uint64_t seed = 1; seed <= 100; ++seed) {
     emutest::Gen g(seed * 2654435761u);
     // topk up to 12: the kernel issues every load ahead up to 8 picks, and loops beyond.
-    // dim % 4 != 0 on every seventh seed: the one-element-a-thread kernel (the four-element
-    // kernel needs dim % 4 == 0 and topk <= 8; both run on the other seeds, below).
-    const int64_t T = 1 + g.u32() % 11, topk = 1 + g.u32() % 12,
+    // The four-element kernel runs above 8 tokens where dim % 4 == 0 and topk <= 8; dim % 4 !=
+    // 0 on every seventh seed, T from 1 to 24 (the one-element kernel at 8 tokens and fewer, and
+    // on every seed once more, below).
+    const int64_t T = 1 + g.u32() % 24, topk = 1 + g.u32() % 12,
                   dim = 32 * (1 + g.u32() % 40) + (seed % 7 == 0 ? 2 : 0);
     const int64_t n_exp = topk + g.u32() % 20;
     std::vector<int32_t> ids(static_cast<size_t>(T * topk));
