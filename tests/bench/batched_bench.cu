@@ -492,6 +492,19 @@ void sweep_beside(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<
 // four elements a thread (cuda::set_accumulate_vector), both on (the defaults), both off, the
 // router's alone off; in the order on, off, router off, on, off.
 void sweep_router(const LayerWeights& w, cuda::MoeLayer& dev, const std::vector<int64_t>& Ts) {
+  // The default layer (both new forms) bitwise equal to the emulation first at every T; the
+  // settings below are then each required equal to it.
+  for (const int64_t T : Ts) {
+    const std::vector<uint16_t> x =
+        generate_input(static_cast<uint64_t>(3000 + T), T, w.config.dim);
+    const std::vector<uint16_t> want = emu::MoeLayer(w).forward(x.data(), T);
+    MOECHECK_CUDA_CHECK(
+        cudaMemcpy(dev.device_input(T), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+    dev.graph_forward(T, nullptr);
+    MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
+    bench::require_emu_bits("router sweep: default graph output at T=" + std::to_string(T),
+                            dev.device_output(), want);
+  }
   std::vector<Setting> settings;
   const struct {
     const char* name;
@@ -583,6 +596,13 @@ void sweep_stream_limit(const LayerWeights& w, const std::vector<int64_t>& Ts) {
   }
 }
 
+// The token counts after a mode's name (`batched_bench MODE [T ...]`), or `dflt` when none.
+std::vector<int64_t> mode_tokens(int argc, char** argv, std::vector<int64_t> dflt) {
+  std::vector<int64_t> Ts;
+  for (int i = 2; i < argc; ++i) Ts.push_back(std::stoll(argv[i]));
+  return Ts.empty() ? dflt : Ts;
+}
+
 }  // namespace
 
 // `batched_bench`: the table and the split sweep; `batched_bench engine`: only the engine sweep
@@ -603,34 +623,25 @@ int main(int argc, char** argv) {
   std::printf("generated ds41 layer 0 (fast blocks) at %.1f s\n", secs(start));
   cuda::LayerOptions lo;
   if (argc > 1 && std::string(argv[1]) == "engine") {
-    std::vector<int64_t> Ts;  // `batched_bench engine [T ...]`
-    for (int i = 2; i < argc; ++i) Ts.push_back(std::stoll(argv[i]));
-    if (Ts.empty()) Ts = {64, 128, 256, 512, 4096};
-    sweep_stream_limit(w, Ts);
+    sweep_stream_limit(w, mode_tokens(argc, argv, {64, 128, 256, 512, 4096}));
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "split") {
-    std::vector<int64_t> Ts;  // `batched_bench split [T ...]`
-    for (int i = 2; i < argc; ++i) Ts.push_back(std::stoll(argv[i]));
-    if (Ts.empty()) Ts = {16, 64, 128, 256, 512, 4096};
+    const std::vector<int64_t> Ts = mode_tokens(argc, argv, {16, 64, 128, 256, 512, 4096});
     lo.route = RoutePlace::kDevice;
     cuda::MoeLayer dev(w, lo);
     sweep_split(w, dev, Ts, {cuda::kMmvqRowsAuto, 8, 7, 6, 5, 4, 3, 2, 1, 0});
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "beside") {
-    std::vector<int64_t> Ts;  // `batched_bench beside [T ...]`
-    for (int i = 2; i < argc; ++i) Ts.push_back(std::stoll(argv[i]));
-    if (Ts.empty()) Ts = {16, 64, 128, 256, 512};
+    const std::vector<int64_t> Ts = mode_tokens(argc, argv, {16, 64, 128, 256, 512});
     lo.route = RoutePlace::kDevice;
     cuda::MoeLayer dev(w, lo);
     sweep_beside(w, dev, Ts);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "router") {
-    std::vector<int64_t> Ts;  // `batched_bench router [T ...]`
-    for (int i = 2; i < argc; ++i) Ts.push_back(std::stoll(argv[i]));
-    if (Ts.empty()) Ts = {16, 64, 512};
+    const std::vector<int64_t> Ts = mode_tokens(argc, argv, {16, 64, 512});
     lo.route = RoutePlace::kDevice;
     cuda::MoeLayer dev(w, lo);
     sweep_router(w, dev, Ts);
