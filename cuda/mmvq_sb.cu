@@ -41,11 +41,13 @@
 // Copies. Each warp owns a ring of S stages; a stage holds one step: the pass's 8 rows x 4 (or 8)
 // super-blocks (the last step also the rem), each row copied by one lane with cp.async.bulk (its
 // 16-byte aligned covering span) into a slot whose pitch, an odd multiple of 16 bytes, spreads the
-// rows over the banks; an mbarrier per stage says the bytes landed. The warp walks its passes
-// step by step, issuing step s + S as soon as step s is computed, so S - 1 steps are in flight
-// across pass boundaries with no block-wide barrier after the start. The block stages
-// the activation rows of the pairs its range touches (one slot each: quants per unit; d8 as f32,
-// the half sums packed for dp2a and times -4 for Q3_K) once, while the first stages are in
+// rows over the banks; an mbarrier per stage says the bytes landed. (cuda::set_mmvq_stream_copies
+// 1: every lane copies 16-byte pieces of the same spans with cp.async.cg instead, and the stage's
+// mbarrier takes one arrival a lane once its pieces landed; the same bytes in the same places.) The
+// warp walks its passes step by step, issuing step s + S as soon as step s is computed, so S - 1
+// steps are in flight across pass boundaries with no block-wide barrier after the start. The block
+// stages the activation rows of the pairs its range touches (one slot each: quants per unit; d8 as
+// f32, the half sums packed for dp2a and times -4 for Q3_K) once, while the first stages are in
 // flight.
 // Performance: docs/performance.md "GPU".
 #include "cuda/mmvq_sb.cuh"
@@ -496,7 +498,7 @@ __device__ __forceinline__ uint32_t sm_id() {
 // parameter).
 template <GgmlType kType, int kWarps, bool kPrefix, int kTok, int kPer, int kDiag = 0>
 __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
-    mmvq_sb_kernel(MmvqParams p, int stages, int n_act, bool early, int head) {
+    mmvq_sb_kernel(MmvqParams p, int stages, int n_act, bool early, int head, bool lanes) {
   static_assert(kTok == 1 || (kPrefix && kTok <= kPassTokens));
   static_assert(kPer == 1 || kPer == 2);
   static_assert(kDiag == 0 || (!kPrefix && kTok == 1 && kPer == 1));
@@ -588,7 +590,8 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   const int r = lane >> 2, c = lane & 3;
   const int64_t rb = p.row_bytes;
 
-  // The issuing side: step (j, q) into stage k; lane i < 8 copies row i of the pass. Its pass
+  // The issuing side: step (j, q) into stage k; lane i < 8 forms row i's span (and, with bulk
+  // copies, copies it; with lane copies the warp's lanes copy every row's 16-byte pieces). Its pass
   // cursor (chunk ci, pass) moves by the warps per block from the warp's first item (a 64-bit
   // division per pass otherwise), and its row's address is formed once a pass.
   int64_t i_group = -1, i_cur = -1;
@@ -618,6 +621,19 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
       a = s & ~uintptr_t{15};
       size = static_cast<uint32_t>(((s + nb * kB + 15) & ~uintptr_t{15}) - a);
     }
+    if (lanes) {  // warp-uniform: row i's pieces by lanes 0, 1, ... (one request a row a pass)
+      uint8_t* stage = ring + k * L.stage;
+#pragma unroll
+      for (int i = 0; i < kPassRows; ++i) {
+        const unsigned long long ai =
+            __shfl_sync(0xFFFFFFFFu, static_cast<unsigned long long>(a), i);
+        const int ni = static_cast<int>(__shfl_sync(0xFFFFFFFFu, size, i) >> 4);
+        for (int c16 = lane; c16 < ni; c16 += kWarpSize)
+          bulk::async16(stage + i * kS + 16 * c16, reinterpret_cast<const void*>(ai + 16 * c16));
+      }
+      bulk::async_arrive_noinc(bar + k);  // the stage's 32 arrivals: every lane's pieces landed
+      return;
+    }
     const uint32_t tx = __reduce_add_sync(0xFFFFFFFFu, size);
     if (lane == 0) bulk::bar_expect_tx(bar + k, tx);
     __syncwarp();
@@ -631,7 +647,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   // before), and with it the first products and the loop's next copies (docs/performance.md,
   // "The ring's head").
   if (lane == 0) {
-    for (int k = 0; k < stages; ++k) bulk::bar_init(bar + k, 1);
+    for (int k = 0; k < stages; ++k) bulk::bar_init(bar + k, lanes ? kWarpSize : 1);
     bulk::fence_bar_init();
   }
   __syncwarp();
@@ -792,7 +808,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
     }
     __syncwarp();  // every lane is done with stage k
     if (s + stages < steps) {
-      if (lane < kPassRows) bulk::fence_proxy_async();
+      if (!lanes && lane < kPassRows) bulk::fence_proxy_async();  // lane copies: generic proxy
       issue(ij, iq, k);
       if (++iq == nq) {
         iq = 0;
@@ -834,7 +850,8 @@ void launch_per(const MmvqParams& p, const Geometry& g, void* stream) {
   pdl::launch(kernel, dim3(static_cast<unsigned>(g.grid)), dim3(kWarps * kWarpSize),
               static_cast<size_t>(g.bytes), as_stream(stream), p, g.stages, g.n_act,
               pdl::mode() == pdl::Mode::kEarlyReads,
-              g_settings.head < 0 ? kDefaultHead : std::min(g_settings.head, g.stages));
+              g_settings.head < 0 ? kDefaultHead : std::min(g_settings.head, g.stages),
+              g_settings.lane_copies);
 }
 
 template <GgmlType kType, int kWarps, bool kPrefix, int kTok>
@@ -908,6 +925,15 @@ void set_head(int steps) {
         "default) or in [0, 8], found " +
         std::to_string(steps));
   g_settings.head = steps;
+}
+
+void set_copies(int mode) {
+  if (mode != 0 && mode != 1)
+    throw InputError(
+        "cuda::set_mmvq_stream_copies: the copy mode must be 0 (a bulk copy a row) or 1 (every "
+        "lane's 16-byte pieces), found " +
+        std::to_string(mode));
+  g_settings.lane_copies = mode == 1;
 }
 
 void set_diagnostic(int mode, uint64_t* buffer, int64_t capacity_warps) {

@@ -212,6 +212,7 @@ struct Settings {
   bool whole_sm = false;
   int step = 0;
   int head = -1;  // steps a warp issues before the activation staging (-1: kDefaultHead)
+  bool lane_copies = false;  // every lane copies 16-byte pieces (cuda::set_mmvq_stream_copies)
 };
 
 // Groups of several tokens: the blocks' token and chunk prefixes (cuda/mmvq_sb.cu's Pairs).
@@ -329,6 +330,8 @@ void set_pass_shape(int pass_tokens, bool whole_sm);
 // cuda::set_mmvq_stream_step (cuda/kernels.h).
 void set_step(int blocks);
 void set_head(int steps);
+// cuda::set_mmvq_stream_copies (cuda/kernels.h).
+void set_copies(int mode);
 // cuda::set_mmvq_stream_diagnostic (cuda/kernels.h).
 void set_diagnostic(int mode, uint64_t* buffer, int64_t capacity_warps);
 

@@ -581,7 +581,153 @@ void many_section(const uint8_t* gate_pool, int64_t gate_stride, int64_t pool_ma
 
 }  // namespace
 
-int main() {
+// Lane copies (cuda::set_mmvq_stream_copies): the one-token launches with a bulk copy a row (8 a
+// warp and step, issued by lanes 0 - 7) against every lane copying 16-byte pieces of the same
+// spans with cp.async.cg, over the fixed-cost sweep's matrix counts (2 - 12 gate-shaped Q2_K, 1 - 6
+// down Q3_K): each launch shape first bitwise equal to the emulation on set 0 under each mode,
+// then graph-replayed computing and with the copies alone (set_mmvq_stream_diagnostic mode 2),
+// each fitted fixed + per matrix; beside them a plain read kernel of the same bytes (its xor-fold
+// first equal to the host's). Two rounds, the modes interleaved against drift.
+int copies_section(const uint8_t** d_tab, const uint8_t* gate_pool, const uint8_t* down_pool,
+                   int64_t gate_stride, int64_t down_stride, const BlockQ8_1* x_q8,
+                   const BlockQ8_1* h_q8, float* y, const std::vector<float>& want_gu,
+                   const std::vector<float>& want_d, int64_t inter, int64_t dim, int64_t sets,
+                   double copy, cudaStream_t s) {
+  cuda::set_mmvq_engine(cuda::MmvqEngine::kStreamed);  // the engine these rows name, in its
+  cuda::set_mmvq_stream_shape(0, 0);                   // default shape (the checks before may
+  cuda::set_mmvq_stream_step(0);                       // have left another set)
+  int sms = 0, dev = 0;
+  MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
+  MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t cap = static_cast<int64_t>(sms) * 16;
+  uint64_t* buf = nullptr;
+  MOECHECK_CUDA_CHECK(
+      cudaMalloc(&buf, static_cast<size_t>(cap) * cuda::kMmvqTimelineWords * sizeof(uint64_t)));
+  const int grid = 4 * sms;
+  uint32_t* sink = nullptr;
+  MOECHECK_CUDA_CHECK(cudaMalloc(&sink, grid * sizeof(uint32_t)));
+  const int nsel = 6, n = 4 * static_cast<int>(sets);
+  auto table = [&](int64_t i) { return d_tab + (i % sets) * 3 * nsel; };
+  struct Shape {
+    const char* what;
+    GgmlType t;
+    int off;
+    std::vector<int> ms;
+    int64_t R, K;
+    const BlockQ8_1* a;
+    bool per_expert;
+    const uint8_t* pool;
+    int64_t set_bytes, each;
+  };
+  const Shape shapes[] = {{"Q2_K [2304, 5120]",
+                           GgmlType::kQ2K,
+                           0,
+                           {2, 4, 6, 8, 10, 12},
+                           inter,
+                           dim,
+                           x_q8,
+                           false,
+                           gate_pool,
+                           2 * nsel * gate_stride,
+                           gate_stride},
+                          {"Q3_K [5120, 2304]",
+                           GgmlType::kQ3K,
+                           2 * nsel,
+                           {1, 2, 3, 4, 5, 6},
+                           dim,
+                           inter,
+                           h_q8,
+                           true,
+                           down_pool,
+                           nsel * down_stride,
+                           down_stride}};
+  std::printf("\n### mmvq_bench: lane copies against a bulk copy a row (copy %.0f GB/s)\n\n", copy);
+  for (const Shape& sh : shapes) {  // the read kernel's fold, checked once a shape
+    const size_t bytes = static_cast<size_t>(sh.ms.back() * sh.each);
+    read_words_kernel<<<grid, 512, 0, s>>>(reinterpret_cast<const uint4*>(sh.pool),
+                                           static_cast<int64_t>(bytes / 16), sink);
+    MOECHECK_CUDA_CHECK(cudaGetLastError());
+    MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+    uint32_t want = 0, got = 0;
+    for (uint32_t w : bench::to_host<uint32_t>(sh.pool, bytes / 4)) want ^= w;
+    for (uint32_t w : bench::to_host<uint32_t>(sink, static_cast<size_t>(grid))) got ^= w;
+    if (got != want) {
+      std::fprintf(stderr, "bench: read_words_kernel folded %08x, the host %08x; not timing it\n",
+                   got, want);
+      return 1;
+    }
+  }
+  for (int round = 1; round <= 2; ++round) {
+    for (int mode = 0; mode <= 1; ++mode) {
+      cuda::set_mmvq_stream_copies(mode);
+      const char* mn = mode == 0 ? "bulk copy a row" : "lane copies";
+      for (const Shape& sh : shapes) {
+        std::vector<double> xs, ys, ya;
+        for (int m : sh.ms) {
+          auto run = [&](const uint8_t** tab, cudaStream_t st) {
+            cuda::mmvq_experts(sh.t, tab + sh.off, m, sh.a, sh.per_expert, y, sh.R, sh.K, 8, st);
+          };
+          MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+          run(d_tab, s);
+          MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+          const std::vector<float>& want = sh.t == GgmlType::kQ2K ? want_gu : want_d;
+          bench::require_emu_bits(
+              std::string(mn) + ", " + sh.what + ", " + std::to_string(m) + " matrices", y,
+              std::vector<float>(want.begin(), want.begin() + m * sh.R));
+          const double us =
+              bench::graph_us([&](int i, cudaStream_t st) { run(table(i), st); }, n, s);
+          MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+          cuda::set_mmvq_stream_diagnostic(2, buf, cap);
+          const double alone =
+              bench::graph_us([&](int i, cudaStream_t st) { run(table(i), st); }, n, s);
+          MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+          cuda::set_mmvq_stream_diagnostic(0, nullptr, 0);
+          xs.push_back(m);
+          ys.push_back(us);
+          ya.push_back(alone);
+          std::printf(
+              "round %d, %s: %s, %d matrices: %.2f us (%.1f %% of copy), copies alone %.2f us\n",
+              round, mn, sh.what, m, us,
+              100.0 * static_cast<double>(m * sh.each) / us * 1e-3 / copy, alone);
+        }
+        const std::string tag = "round " + std::to_string(round) + ", " + mn + ": " + sh.what;
+        print_fit("fixed-cost fit, " + tag, xs, ys, static_cast<double>(sh.each), copy);
+        print_fit("copies-alone fit, " + tag, xs, ya, static_cast<double>(sh.each), copy);
+      }
+    }
+    for (const Shape& sh : shapes) {  // the plain read of the same bytes, same round
+      std::vector<double> xs, ys;
+      for (int m : sh.ms) {
+        const double us = bench::graph_us(
+            [&](int i, cudaStream_t st) {
+              const uint8_t* src = sh.pool + (i % sets) * sh.set_bytes;
+              read_words_kernel<<<grid, 512, 0, st>>>(reinterpret_cast<const uint4*>(src),
+                                                      static_cast<int64_t>(m * sh.each / 16), sink);
+              MOECHECK_CUDA_CHECK(cudaGetLastError());
+            },
+            n, s);
+        xs.push_back(m);
+        ys.push_back(us);
+      }
+      print_fit("read-kernel fit, round " + std::to_string(round) + ": " + sh.what, xs, ys,
+                static_cast<double>(sh.each), copy);
+    }
+  }
+  MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+  cuda::set_mmvq_stream_copies(0);
+  MOECHECK_CUDA_CHECK(cudaFree(sink));
+  MOECHECK_CUDA_CHECK(cudaFree(buf));
+  return 0;
+}
+
+// `mmvq_bench` runs every section; `mmvq_bench copies` only the lane-copies section (after the
+// same checks against the emulation).
+int main(int argc, char** argv) {
+  const bool only_copies = argc > 1 && std::string(argv[1]) == "copies";
+  if (argc > 1 && !only_copies) {
+    std::fprintf(stderr, "usage: mmvq_bench [copies]\n");
+    return 2;
+  }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a failed check's exit(1) keeps every line printed
   const double copy = bench::copy_bandwidth_gbs();
   std::printf("GPU: %s\ndevice-to-device copy: %.0f GB/s (read + write, 1 GiB, median of 25)\n",
@@ -652,6 +798,10 @@ int main() {
       check_set0(eng.warps, std::string(" (") + eng.name + ")");
     }
   }
+
+  if (only_copies)
+    return copies_section(d_tab, gate_pool, down_pool, gate_stride, down_stride, x_q8, h_q8, y,
+                          want_gu, want_d, inter, dim, sets, copy, s);
 
   std::vector<Row> rows;
   const int n = 4 * static_cast<int>(sets);  // launches per graph, rotating the sets
