@@ -52,6 +52,8 @@
 // Performance: docs/performance.md "GPU".
 #include "cuda/mmvq_sb.cuh"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -498,11 +500,15 @@ __device__ __forceinline__ uint32_t sm_id() {
 // parameter).
 template <GgmlType kType, int kWarps, bool kPrefix, int kTok, int kPer, int kDiag = 0>
 __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
-    mmvq_sb_kernel(MmvqParams p, int stages, int n_act, bool early, int head, bool lanes) {
+    mmvq_sb_kernel(MmvqParams p, int stages, int n_act, bool early, int head, int copies,
+                   const void* tmap, const uint8_t* tpool) {
+  const bool lanes = copies == 1;
+  const bool tiles = copies == 2;  // a 2-D tensor-map copy a step (Q2_K steps of 4 only)
   static_assert(kTok == 1 || (kPrefix && kTok <= kPassTokens));
   static_assert(kPer == 1 || kPer == 2);
   static_assert(kDiag == 0 || (!kPrefix && kTok == 1 && kPer == 1));
-  extern __shared__ __align__(16) uint8_t smem[];
+  extern __shared__ __align__(128) uint8_t smem[];
+  if (tiles && (bulk::smem_addr(smem) & 127u) != 0) __trap();  // tensor copies: 128-byte stages
   constexpr int kB = kBB<kType>;
   constexpr int kThreads = kWarps * kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
@@ -515,7 +521,9 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   constexpr int kCB = kChunkSb * kPer;  // super-blocks of a row in a full step
   const StepPlan sp(nsb, kPer);
   const int rem = sp.rem, nq = sp.nq;
-  const int kS = slot_bytes(kType, nsb, kPer);
+  // Tensor-map copies land a step's 8 rows packed (each row's 4 blocks, 16-byte aligned in the
+  // pool: no phase), so the pitch is the step's bytes.
+  const int kS = tiles ? kCB * kB : slot_bytes(kType, nsb, kPer);
   const Layout L(kS, units, kWarps, stages, n_act);
   uint8_t* ring = smem + warp * stages * L.stage;
   uint8_t* acts = smem + L.acts;
@@ -599,6 +607,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   PassCursor i_at(first, passes);
   bool i_live = false;  // the lane copies a row of this pass
   uintptr_t i_row = 0;  // the lane's row's first byte
+  int i_prow = 0;       // tensor-map copies: the pool row of the pass's first row
   auto issue = [&](int j, int q, int k) {
     if (q == 0) {  // a new pass: its group looked up once
       if (j > 0) i_at.step(kWarps, passes);
@@ -612,6 +621,19 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
       const int64_t row = static_cast<int64_t>(i_at.pass) * kPassRows + lane;
       i_live = lane < kPassRows && i_gi.n > 0 && row < p.rows;
       i_row = reinterpret_cast<uintptr_t>(i_gi.base) + static_cast<uintptr_t>(row * rb);
+      if (tiles) {
+        const int64_t off = reinterpret_cast<const uint8_t*>(i_gi.base) - tpool;
+        if (off < 0 || off % rb != 0) __trap();  // the group's matrix is not in the pool
+        i_prow = static_cast<int>(off / rb + static_cast<int64_t>(i_at.pass) * kPassRows);
+      }
+    }
+    if (tiles) {  // warp-uniform: lane 0 copies the step's box of 8 rows x 4 blocks
+      const bool any = __any_sync(0xFFFFFFFFu, i_live);
+      if (lane == 0) {
+        bulk::bar_expect_tx(bar + k, any ? static_cast<uint32_t>(kPassRows * kS) : 0u);
+        if (any) bulk::tile_copy_2d(ring + k * L.stage, tmap, q * kCB * kB / 4, i_prow, bar + k);
+      }
+      return;
     }
     uint32_t size = 0;
     uintptr_t a = 0;
@@ -835,6 +857,15 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
 // The process's settings (set_pass_shape, set_step; Settings in cuda/mmvq_sb.cuh).
 Settings g_settings;
 
+// set_copies' mode 2: the pool's tensor map (in global memory, read by the copies) and the pool.
+__device__ CUtensorMap g_tmap;
+void* g_tmap_addr = nullptr;
+struct TensorPool {
+  const uint8_t* base = nullptr;
+  int64_t row_bytes = 0;
+};
+TensorPool g_tpool;
+
 // set_diagnostic's mode and the capacity of its buffer (warps).
 struct Diagnostic {
   int mode = 0;
@@ -846,12 +877,18 @@ Diagnostic g_diag;
 template <GgmlType kType, int kWarps, bool kPrefix, int kTok, int kPer, int kDiag = 0>
 void launch_per(const MmvqParams& p, const Geometry& g, void* stream) {
   auto* kernel = mmvq_sb_kernel<kType, kWarps, kPrefix, kTok, kPer, kDiag>;
+  // Tensor-map copies only where a step is 4 whole Q2_K blocks of rows of the pool's width; other
+  // launches keep bulk copies.
+  int copies = g_settings.copies;
+  if (copies == 2 && !(kType == GgmlType::kQ2K && kPer == 1 && (p.K / kQK_K) % kChunkSb == 0 &&
+                       p.row_bytes == g_tpool.row_bytes))
+    copies = 0;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), g.bytes);
   pdl::launch(kernel, dim3(static_cast<unsigned>(g.grid)), dim3(kWarps * kWarpSize),
               static_cast<size_t>(g.bytes), as_stream(stream), p, g.stages, g.n_act,
               pdl::mode() == pdl::Mode::kEarlyReads,
-              g_settings.head < 0 ? kDefaultHead : std::min(g_settings.head, g.stages),
-              g_settings.lane_copies);
+              g_settings.head < 0 ? kDefaultHead : std::min(g_settings.head, g.stages), copies,
+              copies == 2 ? g_tmap_addr : nullptr, copies == 2 ? g_tpool.base : nullptr);
 }
 
 template <GgmlType kType, int kWarps, bool kPrefix, int kTok>
@@ -927,13 +964,48 @@ void set_head(int steps) {
   g_settings.head = steps;
 }
 
-void set_copies(int mode) {
-  if (mode != 0 && mode != 1)
+void set_copies(int mode, const uint8_t* pool, int64_t pool_rows, int64_t row_bytes) {
+  if (mode < 0 || mode > 2)
     throw InputError(
-        "cuda::set_mmvq_stream_copies: the copy mode must be 0 (a bulk copy a row) or 1 (every "
-        "lane's 16-byte pieces), found " +
+        "cuda::set_mmvq_stream_copies: the copy mode must be 0 (a bulk copy a row), 1 (every "
+        "lane's 16-byte pieces) or 2 (a tensor-map copy a step), found " +
         std::to_string(mode));
-  g_settings.lane_copies = mode == 1;
+  if (mode == 2) {
+    if (pool == nullptr || pool_rows < 1 || pool_rows > (int64_t{1} << 31) - 1 || row_bytes < 16 ||
+        row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(pool) % 16 != 0)
+      throw InputError(
+          "cuda::set_mmvq_stream_copies: mode 2 needs a 16-byte aligned pool of 1 .. 2^31 - 1 "
+          "rows of a multiple of 16 bytes, found rows=" +
+          std::to_string(pool_rows) + " row_bytes=" + std::to_string(row_bytes));
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+      void* f = nullptr;
+      cudaDriverEntryPointQueryResult q{};
+      MOECHECK_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                           cudaEnableDefault, &q));
+      if (q != cudaDriverEntryPointSuccess || f == nullptr)
+        throw InputError("cuda::set_mmvq_stream_copies: the driver has no cuTensorMapEncodeTiled");
+      return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    }();
+    // Words of 4 bytes (a box's inner extent is at most 256 elements): a step of 4 Q2_K blocks is
+    // 84 words, 8 rows a box.
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes / 4),
+                                static_cast<cuuint64_t>(pool_rows)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
+    const cuuint32_t box[2] = {kChunkSb * kBB<GgmlType::kQ2K> / 4, kPassRows};
+    const cuuint32_t estrides[2] = {1, 1};
+    const CUresult r =
+        encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, const_cast<uint8_t*>(pool), dims, strides,
+               box, estrides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+      throw InputError("cuda::set_mmvq_stream_copies: cuTensorMapEncodeTiled failed (" +
+                       std::to_string(static_cast<int>(r)) + ")");
+    MOECHECK_CUDA_CHECK(cudaMemcpyToSymbol(g_tmap, &map, sizeof map));
+    MOECHECK_CUDA_CHECK(cudaGetSymbolAddress(&g_tmap_addr, g_tmap));
+    g_tpool = {pool, row_bytes};
+  }
+  g_settings.copies = mode;
 }
 
 void set_diagnostic(int mode, uint64_t* buffer, int64_t capacity_warps) {

@@ -212,7 +212,7 @@ struct Settings {
   bool whole_sm = false;
   int step = 0;
   int head = -1;  // steps a warp issues before the activation staging (-1: kDefaultHead)
-  bool lane_copies = false;  // every lane copies 16-byte pieces (cuda::set_mmvq_stream_copies)
+  int copies = 0;  // cuda::set_mmvq_stream_copies: 0 bulk a row, 1 lanes' pieces, 2 tensor map
 };
 
 // Groups of several tokens: the blocks' token and chunk prefixes (cuda/mmvq_sb.cu's Pairs).
@@ -331,7 +331,7 @@ void set_pass_shape(int pass_tokens, bool whole_sm);
 void set_step(int blocks);
 void set_head(int steps);
 // cuda::set_mmvq_stream_copies (cuda/kernels.h).
-void set_copies(int mode);
+void set_copies(int mode, const uint8_t* pool, int64_t pool_rows, int64_t row_bytes);
 // cuda::set_mmvq_stream_diagnostic (cuda/kernels.h).
 void set_diagnostic(int mode, uint64_t* buffer, int64_t capacity_warps);
 

@@ -658,10 +658,14 @@ int copies_section(const uint8_t** d_tab, const uint8_t* gate_pool, const uint8_
     }
   }
   for (int round = 1; round <= 2; ++round) {
-    for (int mode = 0; mode <= 1; ++mode) {
-      cuda::set_mmvq_stream_copies(mode);
-      const char* mn = mode == 0 ? "bulk copy a row" : "lane copies";
+    for (int mode = 0; mode <= 2; ++mode) {
+      // Mode 2's pool: every gate-shaped matrix of every set (the launches' matrices).
+      cuda::set_mmvq_stream_copies(mode, mode == 2 ? gate_pool : nullptr,
+                                   mode == 2 ? 2 * nsel * sets * inter : 0,
+                                   mode == 2 ? row_bytes(GgmlType::kQ2K, dim) : 0);
+      const char* mn = mode == 0 ? "bulk copy a row" : mode == 1 ? "lane copies" : "tensor map";
       for (const Shape& sh : shapes) {
+        if (mode == 2 && sh.t != GgmlType::kQ2K) continue;  // Q3_K rows do not fit a tensor map
         std::vector<double> xs, ys, ya;
         for (int m : sh.ms) {
           auto run = [&](const uint8_t** tab, cudaStream_t st) {

@@ -333,6 +333,23 @@ TEST(MmvqDs41, SixExpertsOneLaunch_Gate2304x5120Q2K_Down5120x2304Q3K) {
       }
     }
     reset_engine();
+    // Tensor-map copies (cuda::set_mmvq_stream_copies mode 2) over the six Q2_K experts as one
+    // pool (Q3_K rows, 990 bytes, fit no tensor map); heads 1 and 0, and 12 warps x 4 stages.
+    if (type != GgmlType::kQ2K) continue;
+    for (int engine : {20, 100020, 124}) {
+      set_engine(engine);
+      cuda::set_mmvq_stream_copies(2, dw.get(), n * rows, rb);  // set_engine reset the mode
+      for (int warps : {2, 4, 8}) {
+        DevArray<float> dy(want.size());
+        cuda::mmvq_experts(type, dtab.get(), n, da.get(), type == GgmlType::kQ3K, dy.get(), rows, K,
+                           warps, nullptr);
+        ASSERT_TRUE(same_f32(
+            "mmvq_experts ds41, tensor-map copies", dy.host(), want, rows,
+            gputest::repro(41 + rows, "warps=" + std::to_string(warps) +
+                                          " engine=" + engine_name(engine) + " copies=2")));
+      }
+    }
+    reset_engine();
   }
 }
 
