@@ -171,20 +171,6 @@ void set_mmvq_stream_step(int blocks);
 // 2026-12-05), the rest of its ring issued right after the staging; -1 the default (one step).
 // For benchmarks and tests; no bit depends on it. Process-wide, not thread-safe.
 void set_mmvq_stream_head(int steps);
-// How the streamed engine's warps copy a step's rows into their ring: 0, the default, one
-// cp.async.bulk a row issued by one lane (eight a warp and step, each the row's 16-byte aligned
-// covering span), completing as transaction bytes on the stage's mbarrier; 1, every lane of the
-// warp copies 16-byte pieces of the same spans with cp.async.cg (the pieces of a row are
-// consecutive lanes', so each copy instruction is one contiguous request of a row's span) and
-// arrives on the stage's mbarrier once its own pieces have landed. The same bytes land in the
-// same places either way, so no bit depends on it; 2, lane 0 copies a step's 8 rows x 4
-// super-blocks as one 2-D tensor-map box (cp.async.bulk.tensor) from `pool`, pool_rows rows of
-// row_bytes (a multiple of 16) that must hold every matrix of the launches (a launch reading a
-// matrix outside it traps); only Q2_K launches of steps of 4 whose rows are row_bytes long take it,
-// the others keep mode 0. For benchmarks and tests (docs/performance.md, thirty-sixth session);
-// process-wide, not thread-safe.
-void set_mmvq_stream_copies(int mode, const uint8_t* pool = nullptr, int64_t pool_rows = 0,
-                            int64_t row_bytes = 0);
 // Diagnostics of the streamed engine's one-token launches (tests/bench/mmvq_bench.cu "The
 // one-token launch, warp by warp"): mode 0 (the default) off; 1: every warp of each launch
 // records its timeline (MmvqTimelineSlot) while computing exactly as always; 2: the same with the

@@ -406,9 +406,6 @@ void set_mmvq_stream_pass_shape(int pass_tokens, bool whole_sm) {
 
 void set_mmvq_stream_step(int blocks) { mmvq_sb::set_step(blocks); }
 void set_mmvq_stream_head(int steps) { mmvq_sb::set_head(steps); }
-void set_mmvq_stream_copies(int mode, const uint8_t* pool, int64_t pool_rows, int64_t row_bytes) {
-  mmvq_sb::set_copies(mode, pool, pool_rows, row_bytes);
-}
 
 void set_mmvq_stream_diagnostic(int mode, uint64_t* buffer, int64_t capacity_warps) {
   mmvq_sb::set_diagnostic(mode, buffer, capacity_warps);

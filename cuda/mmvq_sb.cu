@@ -41,19 +41,15 @@
 // Copies. Each warp owns a ring of S stages; a stage holds one step: the pass's 8 rows x 4 (or 8)
 // super-blocks (the last step also the rem), each row copied by one lane with cp.async.bulk (its
 // 16-byte aligned covering span) into a slot whose pitch, an odd multiple of 16 bytes, spreads the
-// rows over the banks; an mbarrier per stage says the bytes landed. (cuda::set_mmvq_stream_copies
-// 1: every lane copies 16-byte pieces of the same spans with cp.async.cg instead, and the stage's
-// mbarrier takes one arrival a lane once its pieces landed; the same bytes in the same places.) The
-// warp walks its passes step by step, issuing step s + S as soon as step s is computed, so S - 1
-// steps are in flight across pass boundaries with no block-wide barrier after the start. The block
-// stages the activation rows of the pairs its range touches (one slot each: quants per unit; d8 as
-// f32, the half sums packed for dp2a and times -4 for Q3_K) once, while the first stages are in
+// rows over the banks; an mbarrier per stage says the bytes landed. The warp walks its passes
+// step by step, issuing step s + S as soon as step s is computed, so S - 1 steps are in flight
+// across pass boundaries with no block-wide barrier after the start. The block stages
+// the activation rows of the pairs its range touches (one slot each: quants per unit; d8 as f32,
+// the half sums packed for dp2a and times -4 for Q3_K) once, while the first stages are in
 // flight.
 // Performance: docs/performance.md "GPU".
 #include "cuda/mmvq_sb.cuh"
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -500,15 +496,11 @@ __device__ __forceinline__ uint32_t sm_id() {
 // parameter).
 template <GgmlType kType, int kWarps, bool kPrefix, int kTok, int kPer, int kDiag = 0>
 __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
-    mmvq_sb_kernel(MmvqParams p, int stages, int n_act, bool early, int head, int copies,
-                   const void* tmap, const uint8_t* tpool) {
-  const bool lanes = copies == 1;
-  const bool tiles = copies == 2;  // a 2-D tensor-map copy a step (Q2_K steps of 4 only)
+    mmvq_sb_kernel(MmvqParams p, int stages, int n_act, bool early, int head) {
   static_assert(kTok == 1 || (kPrefix && kTok <= kPassTokens));
   static_assert(kPer == 1 || kPer == 2);
   static_assert(kDiag == 0 || (!kPrefix && kTok == 1 && kPer == 1));
-  extern __shared__ __align__(128) uint8_t smem[];
-  if (tiles && (bulk::smem_addr(smem) & 127u) != 0) __trap();  // tensor copies: 128-byte stages
+  extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kB = kBB<kType>;
   constexpr int kThreads = kWarps * kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
@@ -521,9 +513,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   constexpr int kCB = kChunkSb * kPer;  // super-blocks of a row in a full step
   const StepPlan sp(nsb, kPer);
   const int rem = sp.rem, nq = sp.nq;
-  // Tensor-map copies land a step's 8 rows packed (each row's 4 blocks, 16-byte aligned in the
-  // pool: no phase), so the pitch is the step's bytes.
-  const int kS = tiles ? kCB * kB : slot_bytes(kType, nsb, kPer);
+  const int kS = slot_bytes(kType, nsb, kPer);
   const Layout L(kS, units, kWarps, stages, n_act);
   uint8_t* ring = smem + warp * stages * L.stage;
   uint8_t* acts = smem + L.acts;
@@ -598,8 +588,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   const int r = lane >> 2, c = lane & 3;
   const int64_t rb = p.row_bytes;
 
-  // The issuing side: step (j, q) into stage k; lane i < 8 forms row i's span (and, with bulk
-  // copies, copies it; with lane copies the warp's lanes copy every row's 16-byte pieces). Its pass
+  // The issuing side: step (j, q) into stage k; lane i < 8 copies row i of the pass. Its pass
   // cursor (chunk ci, pass) moves by the warps per block from the warp's first item (a 64-bit
   // division per pass otherwise), and its row's address is formed once a pass.
   int64_t i_group = -1, i_cur = -1;
@@ -607,7 +596,6 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   PassCursor i_at(first, passes);
   bool i_live = false;  // the lane copies a row of this pass
   uintptr_t i_row = 0;  // the lane's row's first byte
-  int i_prow = 0;       // tensor-map copies: the pool row of the pass's first row
   auto issue = [&](int j, int q, int k) {
     if (q == 0) {  // a new pass: its group looked up once
       if (j > 0) i_at.step(kWarps, passes);
@@ -621,19 +609,6 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
       const int64_t row = static_cast<int64_t>(i_at.pass) * kPassRows + lane;
       i_live = lane < kPassRows && i_gi.n > 0 && row < p.rows;
       i_row = reinterpret_cast<uintptr_t>(i_gi.base) + static_cast<uintptr_t>(row * rb);
-      if (tiles) {
-        const int64_t off = reinterpret_cast<const uint8_t*>(i_gi.base) - tpool;
-        if (off < 0 || off % rb != 0) __trap();  // the group's matrix is not in the pool
-        i_prow = static_cast<int>(off / rb + static_cast<int64_t>(i_at.pass) * kPassRows);
-      }
-    }
-    if (tiles) {  // warp-uniform: lane 0 copies the step's box of 8 rows x 4 blocks
-      const bool any = __any_sync(0xFFFFFFFFu, i_live);
-      if (lane == 0) {
-        bulk::bar_expect_tx(bar + k, any ? static_cast<uint32_t>(kPassRows * kS) : 0u);
-        if (any) bulk::tile_copy_2d(ring + k * L.stage, tmap, q * kCB * kB / 4, i_prow, bar + k);
-      }
-      return;
     }
     uint32_t size = 0;
     uintptr_t a = 0;
@@ -642,19 +617,6 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
       const uintptr_t s = i_row + static_cast<uintptr_t>(q * kCB * kB);
       a = s & ~uintptr_t{15};
       size = static_cast<uint32_t>(((s + nb * kB + 15) & ~uintptr_t{15}) - a);
-    }
-    if (lanes) {  // warp-uniform: row i's pieces by lanes 0, 1, ... (one request a row a pass)
-      uint8_t* stage = ring + k * L.stage;
-#pragma unroll
-      for (int i = 0; i < kPassRows; ++i) {
-        const unsigned long long ai =
-            __shfl_sync(0xFFFFFFFFu, static_cast<unsigned long long>(a), i);
-        const int ni = static_cast<int>(__shfl_sync(0xFFFFFFFFu, size, i) >> 4);
-        for (int c16 = lane; c16 < ni; c16 += kWarpSize)
-          bulk::async16(stage + i * kS + 16 * c16, reinterpret_cast<const void*>(ai + 16 * c16));
-      }
-      bulk::async_arrive_noinc(bar + k);  // the stage's 32 arrivals: every lane's pieces landed
-      return;
     }
     const uint32_t tx = __reduce_add_sync(0xFFFFFFFFu, size);
     if (lane == 0) bulk::bar_expect_tx(bar + k, tx);
@@ -669,7 +631,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
   // before), and with it the first products and the loop's next copies (docs/performance.md,
   // "The ring's head").
   if (lane == 0) {
-    for (int k = 0; k < stages; ++k) bulk::bar_init(bar + k, lanes ? kWarpSize : 1);
+    for (int k = 0; k < stages; ++k) bulk::bar_init(bar + k, 1);
     bulk::fence_bar_init();
   }
   __syncwarp();
@@ -830,7 +792,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
     }
     __syncwarp();  // every lane is done with stage k
     if (s + stages < steps) {
-      if (!lanes && lane < kPassRows) bulk::fence_proxy_async();  // lane copies: generic proxy
+      if (lane < kPassRows) bulk::fence_proxy_async();
       issue(ij, iq, k);
       if (++iq == nq) {
         iq = 0;
@@ -857,15 +819,6 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, 1)
 // The process's settings (set_pass_shape, set_step; Settings in cuda/mmvq_sb.cuh).
 Settings g_settings;
 
-// set_copies' mode 2: the pool's tensor map (in global memory, read by the copies) and the pool.
-__device__ CUtensorMap g_tmap;
-void* g_tmap_addr = nullptr;
-struct TensorPool {
-  const uint8_t* base = nullptr;
-  int64_t row_bytes = 0;
-};
-TensorPool g_tpool;
-
 // set_diagnostic's mode and the capacity of its buffer (warps).
 struct Diagnostic {
   int mode = 0;
@@ -877,18 +830,11 @@ Diagnostic g_diag;
 template <GgmlType kType, int kWarps, bool kPrefix, int kTok, int kPer, int kDiag = 0>
 void launch_per(const MmvqParams& p, const Geometry& g, void* stream) {
   auto* kernel = mmvq_sb_kernel<kType, kWarps, kPrefix, kTok, kPer, kDiag>;
-  // Tensor-map copies only where a step is 4 whole Q2_K blocks of rows of the pool's width; other
-  // launches keep bulk copies.
-  int copies = g_settings.copies;
-  if (copies == 2 && !(kType == GgmlType::kQ2K && kPer == 1 && (p.K / kQK_K) % kChunkSb == 0 &&
-                       p.row_bytes == g_tpool.row_bytes))
-    copies = 0;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), g.bytes);
   pdl::launch(kernel, dim3(static_cast<unsigned>(g.grid)), dim3(kWarps * kWarpSize),
               static_cast<size_t>(g.bytes), as_stream(stream), p, g.stages, g.n_act,
               pdl::mode() == pdl::Mode::kEarlyReads,
-              g_settings.head < 0 ? kDefaultHead : std::min(g_settings.head, g.stages), copies,
-              copies == 2 ? g_tmap_addr : nullptr, copies == 2 ? g_tpool.base : nullptr);
+              g_settings.head < 0 ? kDefaultHead : std::min(g_settings.head, g.stages));
 }
 
 template <GgmlType kType, int kWarps, bool kPrefix, int kTok>
@@ -962,50 +908,6 @@ void set_head(int steps) {
         "default) or in [0, 8], found " +
         std::to_string(steps));
   g_settings.head = steps;
-}
-
-void set_copies(int mode, const uint8_t* pool, int64_t pool_rows, int64_t row_bytes) {
-  if (mode < 0 || mode > 2)
-    throw InputError(
-        "cuda::set_mmvq_stream_copies: the copy mode must be 0 (a bulk copy a row), 1 (every "
-        "lane's 16-byte pieces) or 2 (a tensor-map copy a step), found " +
-        std::to_string(mode));
-  if (mode == 2) {
-    if (pool == nullptr || pool_rows < 1 || pool_rows > (int64_t{1} << 31) - 1 || row_bytes < 16 ||
-        row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(pool) % 16 != 0)
-      throw InputError(
-          "cuda::set_mmvq_stream_copies: mode 2 needs a 16-byte aligned pool of 1 .. 2^31 - 1 "
-          "rows of a multiple of 16 bytes, found rows=" +
-          std::to_string(pool_rows) + " row_bytes=" + std::to_string(row_bytes));
-    static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-      void* f = nullptr;
-      cudaDriverEntryPointQueryResult q{};
-      MOECHECK_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
-                                                           cudaEnableDefault, &q));
-      if (q != cudaDriverEntryPointSuccess || f == nullptr)
-        throw InputError("cuda::set_mmvq_stream_copies: the driver has no cuTensorMapEncodeTiled");
-      return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-    }();
-    // Words of 4 bytes (a box's inner extent is at most 256 elements): a step of 4 Q2_K blocks is
-    // 84 words, 8 rows a box.
-    CUtensorMap map;
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes / 4),
-                                static_cast<cuuint64_t>(pool_rows)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
-    const cuuint32_t box[2] = {kChunkSb * kBB<GgmlType::kQ2K> / 4, kPassRows};
-    const cuuint32_t estrides[2] = {1, 1};
-    const CUresult r =
-        encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, const_cast<uint8_t*>(pool), dims, strides,
-               box, estrides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-      throw InputError("cuda::set_mmvq_stream_copies: cuTensorMapEncodeTiled failed (" +
-                       std::to_string(static_cast<int>(r)) + ")");
-    MOECHECK_CUDA_CHECK(cudaMemcpyToSymbol(g_tmap, &map, sizeof map));
-    MOECHECK_CUDA_CHECK(cudaGetSymbolAddress(&g_tmap_addr, g_tmap));
-    g_tpool = {pool, row_bytes};
-  }
-  g_settings.copies = mode;
 }
 
 void set_diagnostic(int mode, uint64_t* buffer, int64_t capacity_warps) {

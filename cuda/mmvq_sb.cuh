@@ -212,7 +212,6 @@ struct Settings {
   bool whole_sm = false;
   int step = 0;
   int head = -1;  // steps a warp issues before the activation staging (-1: kDefaultHead)
-  int copies = 0;  // cuda::set_mmvq_stream_copies: 0 bulk a row, 1 lanes' pieces, 2 tensor map
 };
 
 // Groups of several tokens: the blocks' token and chunk prefixes (cuda/mmvq_sb.cu's Pairs).
@@ -330,8 +329,6 @@ void set_pass_shape(int pass_tokens, bool whole_sm);
 // cuda::set_mmvq_stream_step (cuda/kernels.h).
 void set_step(int blocks);
 void set_head(int steps);
-// cuda::set_mmvq_stream_copies (cuda/kernels.h).
-void set_copies(int mode, const uint8_t* pool, int64_t pool_rows, int64_t row_bytes);
 // cuda::set_mmvq_stream_diagnostic (cuda/kernels.h).
 void set_diagnostic(int mode, uint64_t* buffer, int64_t capacity_warps);
 

@@ -172,7 +172,6 @@ double router_us(const LayerWeights& w) {
 // (cuda::set_accumulate_vector: four elements a thread), step = 0 /
 // 4 / 8 (cuda::set_mmvq_stream_step: the streamed MMVQ's super-blocks a row a step), head = -1..8
 // (cuda::set_mmvq_stream_head: the steps a warp issues before its block stages the activations),
-// copies = 0 / 1 (cuda::set_mmvq_stream_copies: a bulk copy a row, or every lane's 16-byte pieces),
 // mmq_beside = -1..2 (LayerOptions::mmq_beside; -1 the default by T).
 static bool apply_keys(const std::vector<std::string>& kv, cuda::LayerOptions& lo,
                        const char* mode) {
@@ -201,7 +200,6 @@ static bool apply_keys(const std::vector<std::string>& kv, cuda::LayerOptions& l
     else if (k == "step" && (v == 0 || v == 4 || v == 8)) cuda::set_mmvq_stream_step(v);
     else if (k == "head" && eq != std::string::npos && v >= -1 && v <= 8)
       cuda::set_mmvq_stream_head(v);
-    else if (k == "copies" && (v == 0 || v == 1)) cuda::set_mmvq_stream_copies(v);
     else if (k == "pass_tokens" && v >= 0 && v <= 2) cuda::set_mmvq_stream_pass_shape(v, whole_sm);
     else if (k == "whole_sm" && (v == 0 || v == 1)) {
       whole_sm = v == 1;

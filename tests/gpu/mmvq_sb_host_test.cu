@@ -103,17 +103,6 @@ TEST(MmvqStreamHead, RejectsOtherCounts_Host) {
   for (int ok : {0, 1, 8, -1}) EXPECT_NO_THROW(cuda::set_mmvq_stream_head(ok));
 }
 
-// The streamed engine's copy mode (cuda::set_mmvq_stream_copies) takes 0 (a bulk copy a row) or 1
-// (every lane's 16-byte pieces), and 2 (a tensor-map copy a step) with a pool only, and names the
-// others.
-TEST(MmvqStreamCopies, RejectsOtherModes_Host) {
-  expect_refusals_name_the_value("set_mmvq_stream_copies", {-1, 3, 16},
-                                 [](int v) { cuda::set_mmvq_stream_copies(v); });
-  // Mode 2 (tensor-map copies) needs a pool; refused before any device call without one.
-  EXPECT_THROW(cuda::set_mmvq_stream_copies(2), InputError);
-  for (int ok : {1, 0}) EXPECT_NO_THROW(cuda::set_mmvq_stream_copies(ok));
-}
-
 // The launch diagnostics' setting (cuda::set_mmvq_stream_diagnostic) takes modes 0 - 2 and,
 // for 1 and 2, a buffer of a record or more; the refusals name what was wrong and come before any
 // device call (mode 0 touches no device state).

@@ -34,11 +34,8 @@ using gputest::same_f32;
 // block a class, 8: two; cuda::set_mmvq_stream_step), so both forms run whatever the default
 // picks; 100000 (h + 1) + code: that code with a ring head of h steps issued before the
 // activations are staged (cuda::set_mmvq_stream_head; 8: the whole ring first; no prefix: the
-// default, one step); 1000000 + code: that code with every lane copying 16-byte pieces of the
-// rows (cuda::set_mmvq_stream_copies(1)) in place of a bulk copy a row.
+// default, one step).
 void set_engine(int e) {
-  cuda::set_mmvq_stream_copies(e / 1000000);
-  e %= 1000000;
   cuda::set_mmvq_stream_head(e / 100000 - 1);
   e %= 100000;
   cuda::set_mmvq_stream_step(e / 1000);
@@ -54,7 +51,6 @@ void set_engine(int e) {
 }
 
 void reset_engine() {
-  cuda::set_mmvq_stream_copies(0);
   cuda::set_mmvq_stream_head(-1);
   cuda::set_mmvq_stream_step(0);
   cuda::set_mmvq_stream_pass_shape(0, false);
@@ -64,7 +60,6 @@ void reset_engine() {
 }
 
 std::string engine_name(int e) {
-  if (e >= 1000000) return "lanecopies_" + engine_name(e % 1000000);
   if (e >= 100000) return "head" + std::to_string(e / 100000 - 1) + "_" + engine_name(e % 100000);
   if (e >= 1000) return engine_name(e % 1000) + "_step" + std::to_string(e / 1000);
   if (e == 0) return "dp4a";
@@ -284,18 +279,13 @@ INSTANTIATE_TEST_SUITE_P(
                       std::tuple{GgmlType::kQ2K, 8, 4020}, std::tuple{GgmlType::kQ2K, 8, 8020},
                       std::tuple{GgmlType::kQ2K, 8, 8042}, std::tuple{GgmlType::kQ2K, 8, 100020},
                       std::tuple{GgmlType::kQ2K, 8, 900020}, std::tuple{GgmlType::kQ2K, 8, 308020},
-                      std::tuple{GgmlType::kQ2K, 8, 1000020},
-                      std::tuple{GgmlType::kQ2K, 8, 1308020},
-                      std::tuple{GgmlType::kQ2K, 8, 1900042}, std::tuple{GgmlType::kQ3K, 2, 0},
-                      std::tuple{GgmlType::kQ3K, 4, 0}, std::tuple{GgmlType::kQ3K, 8, 0},
-                      std::tuple{GgmlType::kQ3K, 8, 4}, std::tuple{GgmlType::kQ3K, 8, 14},
-                      std::tuple{GgmlType::kQ3K, 8, 20}, std::tuple{GgmlType::kQ3K, 8, 42},
-                      std::tuple{GgmlType::kQ3K, 8, 83}, std::tuple{GgmlType::kQ3K, 8, 4020},
-                      std::tuple{GgmlType::kQ3K, 8, 8020}, std::tuple{GgmlType::kQ3K, 8, 8042},
-                      std::tuple{GgmlType::kQ3K, 8, 100020}, std::tuple{GgmlType::kQ3K, 8, 900020},
-                      std::tuple{GgmlType::kQ3K, 8, 308020}, std::tuple{GgmlType::kQ3K, 8, 1000020},
-                      std::tuple{GgmlType::kQ3K, 8, 1308020},
-                      std::tuple{GgmlType::kQ3K, 8, 1900042}),
+                      std::tuple{GgmlType::kQ3K, 2, 0}, std::tuple{GgmlType::kQ3K, 4, 0},
+                      std::tuple{GgmlType::kQ3K, 8, 0}, std::tuple{GgmlType::kQ3K, 8, 4},
+                      std::tuple{GgmlType::kQ3K, 8, 14}, std::tuple{GgmlType::kQ3K, 8, 20},
+                      std::tuple{GgmlType::kQ3K, 8, 42}, std::tuple{GgmlType::kQ3K, 8, 83},
+                      std::tuple{GgmlType::kQ3K, 8, 4020}, std::tuple{GgmlType::kQ3K, 8, 8020},
+                      std::tuple{GgmlType::kQ3K, 8, 8042}, std::tuple{GgmlType::kQ3K, 8, 100020},
+                      std::tuple{GgmlType::kQ3K, 8, 900020}, std::tuple{GgmlType::kQ3K, 8, 308020}),
     [](const auto& info) {
       return std::string(std::get<0>(info.param) == GgmlType::kQ2K ? "Q2K" : "Q3K") + "_W" +
              std::to_string(std::get<1>(info.param)) + "_" + engine_name(std::get<2>(info.param));
@@ -319,9 +309,8 @@ TEST(MmvqDs41, SixExpertsOneLaunch_Gate2304x5120Q2K_Down5120x2304Q3K) {
     for (int64_t i = 0; i < n; ++i) dp.push_back(dw.get() + i * rows * rb);
     DevArray<const uint8_t*> dtab(dp);
     DevArray<BlockQ8_1> da(a);
-    for (int engine : {0,      4,      6,       14,      20,      42,     83,     124,
-                       4020,   8020,   8083,    8124,    100020,  200020, 300020, 900020,
-                       208020, 104124, 1000020, 1008020, 1900020, 1104124}) {
+    for (int engine : {0, 4, 6, 14, 20, 42, 83, 124, 4020, 8020, 8083, 8124, 100020, 200020, 300020,
+                       900020, 208020, 104124}) {
       set_engine(engine);
       for (int warps : {2, 4, 8}) {
         DevArray<float> dy(want.size());
@@ -330,23 +319,6 @@ TEST(MmvqDs41, SixExpertsOneLaunch_Gate2304x5120Q2K_Down5120x2304Q3K) {
         ASSERT_TRUE(same_f32("mmvq_experts ds41", dy.host(), want, rows,
                              gputest::repro(41 + rows, "warps=" + std::to_string(warps) +
                                                            " engine=" + engine_name(engine))));
-      }
-    }
-    reset_engine();
-    // Tensor-map copies (cuda::set_mmvq_stream_copies mode 2) over the six Q2_K experts as one
-    // pool (Q3_K rows, 990 bytes, fit no tensor map); heads 1 and 0, and 12 warps x 4 stages.
-    if (type != GgmlType::kQ2K) continue;
-    for (int engine : {20, 100020, 124}) {
-      set_engine(engine);
-      cuda::set_mmvq_stream_copies(2, dw.get(), n * rows, rb);  // set_engine reset the mode
-      for (int warps : {2, 4, 8}) {
-        DevArray<float> dy(want.size());
-        cuda::mmvq_experts(type, dtab.get(), n, da.get(), type == GgmlType::kQ3K, dy.get(), rows, K,
-                           warps, nullptr);
-        ASSERT_TRUE(same_f32(
-            "mmvq_experts ds41, tensor-map copies", dy.host(), want, rows,
-            gputest::repro(41 + rows, "warps=" + std::to_string(warps) +
-                                          " engine=" + engine_name(engine) + " copies=2")));
       }
     }
     reset_engine();

@@ -8,7 +8,6 @@
 // Contract: docs/numerics.md.
 #include "core/error.h"
 #include "core/route_header.h"
-#include "cuda/kernels.h"
 #include "cuda/moe_layer.h"
 #include "emulate/moe_layer.h"
 #include "golden/generator.h"
@@ -98,22 +97,6 @@ TEST(CudaMoeLayer, Ds41_OneToken_HostAndDeviceRoute) {
             {{8, RouterVariant::kStaged, true, false},
              {8, RouterVariant::kStaged, true, false, RoutePlace::kDevice}},
             450);
-}
-
-// The streamed MMVQ with every lane copying 16-byte pieces of the rows
-// (cuda::set_mmvq_stream_copies(1)) in place of a bulk copy a row: whole layers on both routes, the
-// one-token launches (T = 1), the groups launches of one-token passes (T = 3, 8, 16) and of
-// two-token passes (T = 40, 64), bitwise equal to the emulation in every tap.
-TEST(CudaMoeLayer, LaneCopies_Small_Ds41_HostAndDeviceRoute) {
-  MOECHECK_REQUIRE_GPU();
-  cuda::set_mmvq_stream_copies(1);
-  struct Restore {
-    ~Restore() { cuda::set_mmvq_stream_copies(0); }
-  } restore;
-  const std::vector<Variant> both = {{8, RouterVariant::kStaged, true, false},
-                                     {8, RouterVariant::kStaged, true, false, RoutePlace::kDevice}};
-  run_layer(preset_options("small"), {1, 3, 8, 16, 40, 64}, both, 470);
-  run_layer(preset_options("ds41"), {1, 8}, both, 480);
 }
 
 // A deepseek4-convention layer: F16 router, per-layer clamps (layer 1's small enough to bite), the
