@@ -20,6 +20,7 @@
 #include "golden/generator.h"
 #include "tests/bench/bench_util.h"
 #include "tests/bench/cupti_trace.h"
+#include "tests/bench/layer_skeleton.cuh"
 
 using namespace moecheck;
 
@@ -155,6 +156,59 @@ double router_us(const LayerWeights& w) {
   return ms * 1e3;
 }
 
+// `layer_bench skeleton [T ...]` (default T = 1 and 8): the layer's own device-resident graph
+// (time_graph, queued) beside its skeleton (tests/bench/layer_skeleton.cuh) in each form, on the
+// same 64 inputs' expert sets (the layer's own device routing of each), all in this process and
+// against the same floor: what the launch structure costs with plain reads for kernels.
+int skeleton_rows(const LayerWeights& w, double copy, const std::vector<int64_t>& Ts) {
+  const MoeConfig& c = w.config;
+  using bench::skeleton::Form;
+  for (const int64_t T : Ts) {
+    cuda::LayerOptions lo;
+    lo.route = RoutePlace::kDevice;
+    bench::skeleton::Bytes b;
+    std::vector<double> floors;
+    {
+      cuda::MoeLayer layer(w, lo);
+      for (int64_t i = 0; i < 64; ++i) {
+        const auto x = generate_input(static_cast<uint64_t>(2000 + i), T, c.dim);
+        MOECHECK_CUDA_CHECK(
+            cudaMemcpy(layer.device_input(T), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+        layer.graph_forward(T);
+        MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<int32_t> ids = layer.device_routing(T).ids;
+        std::sort(ids.begin(), ids.end());
+        ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+        floors.push_back(layer_bytes(w, static_cast<int64_t>(ids.size())) / (copy * 1e9) * 1e6);
+        b.experts.push_back(std::move(ids));
+      }
+    }
+    const GraphResult layer =
+        time_graph(w, lo, T, copy, "device route, one graph (skeleton's layer)");
+    b.router_bytes = c.n_routed * c.dim * 2;
+    b.gu_bytes = w.gate_exps.expert_stride() + w.up_exps.expert_stride();
+    b.down_bytes = w.down_exps.expert_stride();
+    b.shared_pair_bytes = w.shared_gate.rows * w.shared_gate.row_stride() +
+                          w.shared_up.rows * w.shared_up.row_stride();
+    b.shared_down_bytes = w.shared_down.rows * w.shared_down.row_stride();
+    b.swiglu_n = T * c.topk * w.gate_exps.rows;
+    b.acc_n = T * c.dim;
+    bench::skeleton::Skeleton sk(b, c.n_routed);
+    const double floor = bench::median(floors);
+    std::printf("skeleton at T=%lld: %.1f MB a forward (median), persistent grid %d blocks\n",
+                static_cast<long long>(T), floor * copy * 1e-3, sk.persistent_grid());
+    for (const Form f : {Form::kOneRead, Form::kLaunches, Form::kLaunchesPdl, Form::kPersistent}) {
+      const double us = sk.time_form(f, 20, 200);
+      std::printf(
+          "skeleton row: %s | T=%lld | queued %.1f us | floor %.1f us | %.2fx the floor | the "
+          "layer %.1f us queued, %.2fx this\n",
+          bench::skeleton::form_name(f), static_cast<long long>(T), us, floor, us / floor,
+          layer.queued_us, layer.queued_us / us);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 // The keys of `layer_bench trace` and `layer_bench profile` (default: the driver's), set on lo
@@ -283,6 +337,11 @@ int main(int argc, char** argv) {
                             std::vector<std::string>(argv + 3, argv + argc));
   if (trace)
     return trace_graph(w, std::stoll(argv[2]), std::vector<std::string>(argv + 3, argv + argc));
+  if (argc > 1 && std::string(argv[1]) == "skeleton") {
+    std::vector<int64_t> Ts;
+    for (int i = 2; i < argc; ++i) Ts.push_back(std::stoll(argv[i]));
+    return skeleton_rows(w, copy, Ts.empty() ? std::vector<int64_t>{1, 8} : Ts);
+  }
   if (argc > 1 && std::string(argv[1]) == "quick") {
     // The default device-resident graph at T = 1 - 8 in three passes: a short device call's
     // rows, set beside another build's in the same call.

@@ -970,6 +970,47 @@ int main() {
     }
     cuda::set_bf16_gemv_stream(true);
     cuda::set_bf16_gemv_stream_shape(0, 0);
+    // The same bytes read by read_words_kernel, rotating as the GEMVs do: what one launch of
+    // the shared GEMVs' size reaches with no arithmetic (their "75 % of copy" bound). Checked
+    // first: the read's xor-fold of copy 0 against the host's.
+    {
+      int sms = 0, dev = 0;
+      MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
+      MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      const int grid = 4 * sms;
+      uint32_t* sink = nullptr;
+      MOECHECK_CUDA_CHECK(cudaMalloc(&sink, grid * sizeof(uint32_t)));
+      for (const int k : {0, 2}) {  // gate + up (two matrices, contiguous), down
+        const int64_t bytes = (k == 0 ? 2 : 1) * sb;
+        const char* what = k == 0 ? "the shared gate+up bytes" : "the shared down bytes";
+        read_words_kernel<<<grid, 512, 0, s>>>(reinterpret_cast<const uint4*>(mat(0, k)),
+                                               bytes / 16, sink);
+        MOECHECK_CUDA_CHECK(cudaGetLastError());
+        MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+        uint32_t want = 0, got = 0;
+        for (uint32_t v : bench::to_host<uint32_t>(mat(0, k), static_cast<size_t>(bytes / 4)))
+          want ^= v;
+        for (uint32_t v : bench::to_host<uint32_t>(sink, static_cast<size_t>(grid))) got ^= v;
+        if (got != want) {
+          std::fprintf(stderr, "bench: read_words_kernel folded %08x over %s, the host %08x\n", got,
+                       what, want);
+          return 1;
+        }
+        std::printf("validated the read of %s: xor-fold %08x equal to the host's\n", what, want);
+        const double us = graph_us(
+            [&](int i, cudaStream_t st) {
+              read_words_kernel<<<grid, 512, 0, st>>>(reinterpret_cast<const uint4*>(mat(i, k)),
+                                                      bytes / 16, sink);
+              MOECHECK_CUDA_CHECK(cudaGetLastError());
+            },
+            n, s);
+        rows.push_back({std::string("read kernel of ") + what + " (GB/s: read)",
+                        k == 0 ? "2 x [2304, 5120] bf16" : "[5120, 2304] bf16", "-", us,
+                        static_cast<double>(bytes) / us * 1e-3,
+                        static_cast<double>(bytes) / us * 1e-3 / copy});
+      }
+      MOECHECK_CUDA_CHECK(cudaFree(sink));
+    }
   }
 
   char date[32];
