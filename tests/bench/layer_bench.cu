@@ -197,7 +197,8 @@ int skeleton_rows(const LayerWeights& w, double copy, const std::vector<int64_t>
     const double floor = bench::median(floors);
     std::printf("skeleton at T=%lld: %.1f MB a forward (median), persistent grid %d blocks\n",
                 static_cast<long long>(T), floor * copy * 1e-3, sk.persistent_grid());
-    for (const Form f : {Form::kOneRead, Form::kLaunches, Form::kLaunchesPdl, Form::kPersistent}) {
+    for (const Form f : {Form::kOneRead, Form::kLaunches, Form::kLaunchesPdl, Form::kPersistent,
+                         Form::kBarriersOnly}) {
       const double us = sk.time_form(f, 20, 200);
       std::printf(
           "skeleton row: %s | T=%lld | queued %.1f us | floor %.1f us | %.2fx the floor | the "

@@ -24,7 +24,8 @@
 //    by grid barriers: router | selection (block 0) and shared gate + up | routed gate / up |
 //    routed down and shared down | accumulation-sized writes. The same bytes and the same
 //    dependencies with no launch between them: what one persistent layer kernel would cost at
-//    best with this phase order.
+//    best with this phase order. kBarriersOnly is that kernel with no bytes (its launch, the
+//    selection and the four barriers alone).
 // A fourth form, kOneRead, reads every byte of the layer in one launch with no dependency (the
 // routed spans straight from the input's list): the read floor a single launch reaches.
 #pragma once
@@ -243,7 +244,7 @@ __global__ void __launch_bounds__(512) persistent_kernel(PersistentArgs a) {
   if (tid == 0) *a.plan.input = (load_cg(a.plan.input) + 1) % a.plan.n_inputs;
 }
 
-enum class Form { kLaunches, kLaunchesPdl, kPersistent, kOneRead };
+enum class Form { kLaunches, kLaunchesPdl, kPersistent, kOneRead, kBarriersOnly };
 
 inline const char* form_name(Form f) {
   switch (f) {
@@ -251,6 +252,8 @@ inline const char* form_name(Form f) {
     case Form::kLaunchesPdl: return "launch chain, programmatic launches";
     case Form::kPersistent: return "one persistent kernel, grid barriers";
     case Form::kOneRead: return "every byte in one read launch, no dependency";
+    case Form::kBarriersOnly:
+      return "the persistent kernel without its bytes (barriers, selection)";
   }
   return "?";
 }
@@ -335,7 +338,7 @@ class Skeleton {
     MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s_));
     uint32_t got = 0;
     for (uint32_t w : to_host<uint32_t>(sink_, static_cast<size_t>(sink_n_))) got ^= w;
-    const uint32_t want = host_fold(0);
+    const uint32_t want = f == Form::kBarriersOnly ? 0 : host_fold(0);
     if (got != want) {
       std::fprintf(stderr, "bench: skeleton '%s' folded %08x, the host %08x; not timing it\n",
                    form_name(f), got, want);
@@ -430,7 +433,7 @@ class Skeleton {
       read(s_, {router(), shared_pair(), gu, down, shared_down()}, false, 1);
       return;
     }
-    if (f == Form::kPersistent) {
+    if (f == Form::kPersistent || f == Form::kBarriersOnly) {
       PersistentArgs a{router(), shared_pair(), routed(false), routed(true),       shared_down(),
                        plan(),   out_,          b_.swiglu_n,   out_ + b_.swiglu_n, b_.acc_n,
                        bar_,     sink_,         scratch_};
