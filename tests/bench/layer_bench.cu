@@ -200,6 +200,7 @@ int skeleton_rows(const LayerWeights& w, double copy, const std::vector<int64_t>
     for (const Form f : {Form::kOneRead, Form::kLaunches, Form::kLaunchesPdl, Form::kPersistent,
                          Form::kBarriersOnly}) {
       const double us = sk.time_form(f, 20, 200);
+      if (us < 0) continue;
       std::printf(
           "skeleton row: %s | T=%lld | queued %.1f us | floor %.1f us | %.2fx the floor | the "
           "layer %.1f us queued, %.2fx this\n",
