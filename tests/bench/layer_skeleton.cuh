@@ -83,17 +83,28 @@ __device__ __forceinline__ uint32_t read_set(const SpanSet& s, uint32_t tid, uin
     count = load_cg(s.count_dev);
   }
   if (count > kMaxIds) __trap();
-  __syncthreads();  // a previous set's ids are no longer read
-  if (ids != nullptr)
+  if (ids != nullptr) {  // uniform in the block: every thread holds the same set
+    __syncthreads();     // a previous set's ids are no longer read
     for (int j = threadIdx.x; j < count; j += blockDim.x) sids[j] = load_cg(ids + j);
-  __syncthreads();
+    __syncthreads();
+  }
   const uint32_t words = s.words;
+  // Span of word i: a float estimate of i / words, corrected by one step (|i| < 2^28 and words
+  // above 2^16 keep the estimate within one); no division a word.
+  const float inv = words != 0 ? 1.0f / static_cast<float>(words) : 0.0f;
+  const bool multi = count > 1;
   auto word = [&](uint32_t i) {
-    const uint32_t j = i / words, w = i - j * words;
+    uint32_t j = 0;
+    if (multi) {
+      j = __float2uint_rz(__uint2float_rz(i) * inv);
+      if (j * words > i) --j;
+      else if ((j + 1) * words <= i) ++j;
+    }
     const int64_t id = ids != nullptr ? sids[j] : j;
-    return reinterpret_cast<const uint4*>(s.base + id * s.stride + s.offset) + w;
+    return reinterpret_cast<const uint4*>(s.base + id * s.stride + s.offset) + (i - j * words);
   };
   const uint32_t total = static_cast<uint32_t>(count) * words;
+  if (total >= (1u << 28)) __trap();  // the estimate's bound (kMaxIds x the largest span is below)
   uint32_t acc = 0, i = tid;
   for (; i + 3 * nth < total; i += 4 * nth) {
     uint4 v[4];
@@ -190,18 +201,21 @@ __global__ void write_kernel(float* out, int64_t n, Plan p, int advance) {
 }
 
 // A grid barrier for co-resident blocks (the persistent form's launch is cooperative): count
-// arrivals, the last one resets the count and opens the next generation.
+// arrivals, the last one resets the count and opens the next generation; the others poll the
+// generation with plain (volatile) loads, so that the polls do not queue behind the arrivals'
+// atomics at the same address.
 __device__ __forceinline__ void grid_barrier(unsigned* count, unsigned* gen) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    const unsigned g = atomicAdd(gen, 0);
+    volatile unsigned* vgen = gen;
+    const unsigned g = *vgen;
     __threadfence();
     if (atomicAdd(count, 1) == gridDim.x - 1) {
       atomicExch(count, 0);
       __threadfence();
       atomicAdd(gen, 1);
     } else {
-      while (atomicAdd(gen, 0) == g) __nanosleep(32);
+      while (*vgen == g) __nanosleep(20);
     }
     __threadfence();
   }
@@ -449,6 +463,9 @@ class Skeleton {
       PersistentArgs a{router(), shared_pair(), routed(false), routed(true),       shared_down(),
                        plan(),   out_,          b_.swiglu_n,   out_ + b_.swiglu_n, b_.acc_n,
                        bar_,     sink_,         scratch_};
+      if (f == Form::kBarriersOnly)
+        for (SpanSet* x : {&a.router, &a.shared_pair, &a.routed_gu, &a.routed_down, &a.shared_down})
+          x->words = 0;
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(static_cast<unsigned>(persistent_grid_));
       cfg.blockDim = dim3(512);
