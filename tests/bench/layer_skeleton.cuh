@@ -11,8 +11,10 @@
 // n_routed experts laid out as the GGUF stacks' sizes; the shared expert's bf16 gate, up and
 // down. Exactly layer_bench's floor bytes.
 //
-// Three forms, each captured once as a graph and replayed, queued behind a hold as the layer's
+// Five forms, each captured once as a graph and replayed, queued behind a hold as the layer's
 // own rows are (bench::Submit::kQueued):
+//  - kOneRead: every byte of the layer in one launch with no dependency (the routed spans
+//    straight from the input's list): the read floor a single launch reaches.
 //  - kLaunches: the driver's launch chain on two streams. Main: router read -> selection (one
 //    warp: reads the router's fold, then the input's expert list from a device table) -> gate / up
 //    read of the selected experts (addresses from the selection's output) -> a small SwiGLU-sized
@@ -23,11 +25,10 @@
 //  - kPersistent: one kernel, every block co-resident (cooperative launch), the phases separated
 //    by grid barriers: router | selection (block 0) and shared gate + up | routed gate / up |
 //    routed down and shared down | accumulation-sized writes. The same bytes and the same
-//    dependencies with no launch between them: what one persistent layer kernel would cost at
-//    best with this phase order. kBarriersOnly is that kernel with no bytes (its launch, the
-//    selection and the four barriers alone).
-// A fourth form, kOneRead, reads every byte of the layer in one launch with no dependency (the
-// routed spans straight from the input's list): the read floor a single launch reaches.
+//    dependencies with no launch between them: what one persistent layer kernel with this phase
+//    order and this barrier costs (measured on an H100: the barrier is not cheap, see
+//    docs/performance.md "The layer beside its skeleton").
+//  - kBarriersOnly: that kernel with no bytes (its launch, the selection and the four barriers).
 #pragma once
 
 #include <cuda_runtime.h>
