@@ -198,7 +198,7 @@ int skeleton_rows(const LayerWeights& w, double copy, const std::vector<int64_t>
     std::printf("skeleton at T=%lld: %.1f MB a forward (median), persistent grid %d blocks\n",
                 static_cast<long long>(T), floor * copy * 1e-3, sk.persistent_grid());
     for (const Form f : {Form::kOneRead, Form::kLaunches, Form::kLaunchesPdl, Form::kPersistent,
-                         Form::kBarriersOnly}) {
+                         Form::kBarriersOnly, Form::kFlow, Form::kFlowOnly}) {
       const double us = sk.time_form(f, 20, 200);
       if (us < 0) continue;
       std::printf(

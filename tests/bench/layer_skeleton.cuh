@@ -29,6 +29,8 @@
 //    order and this barrier costs (measured on an H100: the barrier is not cheap, see
 //    docs/performance.md "The layer beside its skeleton").
 //  - kBarriersOnly: that kernel with no bytes (its launch, the selection and the four barriers).
+//  - kFlow: the same phases in one block of 1024 threads a multiprocessor, driven by counters
+//    that wait only for the layer's own dependencies (flow_kernel); kFlowOnly: without its bytes.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -259,7 +261,79 @@ __global__ void __launch_bounds__(512) persistent_kernel(PersistentArgs a) {
   if (tid == 0) *a.plan.input = (load_cg(a.plan.input) + 1) % a.plan.n_inputs;
 }
 
-enum class Form { kLaunches, kLaunchesPdl, kPersistent, kOneRead, kBarriersOnly };
+// Waits (one thread) until the counter at p has reached target (counters only grow; the signed
+// difference keeps the test right across wrap-around).
+__device__ __forceinline__ void wait_at_least(const unsigned* p, unsigned target) {
+  const volatile unsigned* v = p;
+  while (static_cast<int>(*v - target) < 0) __nanosleep(20);
+}
+
+// The persistent form driven by counters in place of grid barriers, one block of 1024 threads a
+// multiprocessor (cooperative launch). flow = [epoch, router done, selection, gate / up done,
+// down done, writes done], each counting arrivals over every replay (replay E's targets are
+// (E + 1) x blocks, its selection flag E + 1; the epoch, the replays completed, is read at the
+// start and moved by the last block). Only the dependencies the layer has are waited for: block
+// 0 alone waits for the whole router before it selects, every block reads its share of the
+// shared gate + up meanwhile and waits for the selection only before the routed gate / up; the
+// routed down waits for every block's gate / up, the accumulation-sized writes for every down.
+__global__ void __launch_bounds__(1024) flow_kernel(PersistentArgs a, unsigned* flow) {
+  const uint32_t tid = blockIdx.x * blockDim.x + threadIdx.x, nth = gridDim.x * blockDim.x;
+  const unsigned G = gridDim.x;
+  __shared__ unsigned epoch;
+  if (threadIdx.x == 0) epoch = *static_cast<volatile unsigned*>(flow);
+  __syncthreads();
+  const unsigned E = epoch, all = (E + 1) * G;
+  auto arrive = [&](int k) {  // after a __syncthreads: the block's work of phase k is done
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(flow + k, 1);
+    }
+  };
+  uint32_t acc = read_set(a.router, tid, nth);
+  {
+    const uint32_t f = block_fold(acc);  // ends with every thread past its reads
+    if (threadIdx.x == 0 && blockIdx.x == 0) a.scratch[1] = f;
+  }
+  arrive(1);
+  if (blockIdx.x == 0) {
+    if (threadIdx.x == 0) wait_at_least(flow + 1, all);
+    __syncthreads();
+    if (threadIdx.x < 32) select_experts(a.plan, a.scratch + 1, a.scratch);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicExch(flow + 2, E + 1);
+    }
+  }
+  acc ^= read_set(a.shared_pair, tid, nth);
+  if (threadIdx.x == 0) wait_at_least(flow + 2, E + 1);
+  __syncthreads();
+  acc ^= read_set(a.routed_gu, tid, nth);
+  for (int64_t i = tid; i < a.swiglu_n; i += nth) a.swiglu_out[i] = static_cast<float>(i);
+  __syncthreads();
+  arrive(3);
+  if (threadIdx.x == 0) wait_at_least(flow + 3, all);
+  __syncthreads();
+  acc ^= read_set(a.routed_down, tid, nth);
+  acc ^= read_set(a.shared_down, tid, nth);
+  __syncthreads();
+  arrive(4);
+  if (threadIdx.x == 0) wait_at_least(flow + 4, all);
+  __syncthreads();
+  for (int64_t i = tid; i < a.acc_n; i += nth) a.acc_out[i] = static_cast<float>(i);
+  const uint32_t f = block_fold(acc);
+  if (threadIdx.x == 0) {
+    a.sink[blockIdx.x] = f;
+    __threadfence();
+    if (atomicAdd(flow + 5, 1) == all - 1) {  // the last block: next input, next epoch
+      *a.plan.input = (load_cg(a.plan.input) + 1) % a.plan.n_inputs;
+      __threadfence();
+      atomicExch(flow, E + 1);
+    }
+  }
+}
+
+enum class Form { kLaunches, kLaunchesPdl, kPersistent, kOneRead, kBarriersOnly, kFlow, kFlowOnly };
 
 inline const char* form_name(Form f) {
   switch (f) {
@@ -269,6 +343,8 @@ inline const char* form_name(Form f) {
     case Form::kOneRead: return "every byte in one read launch, no dependency";
     case Form::kBarriersOnly:
       return "the persistent kernel without its bytes (barriers, selection)";
+    case Form::kFlow: return "one persistent kernel, a block a multiprocessor, counters";
+    case Form::kFlowOnly: return "the counters' kernel without its bytes";
   }
   return "?";
 }
@@ -306,9 +382,11 @@ class Skeleton {
     counts_ = upload(counts);
     MOECHECK_CUDA_CHECK(cudaMalloc(&ints_, 4 * (max_u_ + 2)));  // input, count, ids
     MOECHECK_CUDA_CHECK(cudaMemset(ints_, 0, 4 * (max_u_ + 2)));
-    MOECHECK_CUDA_CHECK(cudaMalloc(&bar_, 3 * sizeof(unsigned)));  // count, gen; done
-    MOECHECK_CUDA_CHECK(cudaMemset(bar_, 0, 3 * sizeof(unsigned)));
+    // count, gen; done; the flow kernel's six counters
+    MOECHECK_CUDA_CHECK(cudaMalloc(&bar_, 9 * sizeof(unsigned)));
+    MOECHECK_CUDA_CHECK(cudaMemset(bar_, 0, 9 * sizeof(unsigned)));
     done_ = bar_ + 2;
+    flow_ = bar_ + 3;
     MOECHECK_CUDA_CHECK(cudaMalloc(&scratch_, 16));
     int per_sm = 0;
     MOECHECK_CUDA_CHECK(
@@ -365,7 +443,7 @@ class Skeleton {
     MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s_));
     uint32_t got = 0;
     for (uint32_t w : to_host<uint32_t>(sink_, static_cast<size_t>(sink_n_))) got ^= w;
-    const uint32_t want = f == Form::kBarriersOnly ? 0 : host_fold(0);
+    const uint32_t want = f == Form::kBarriersOnly || f == Form::kFlowOnly ? 0 : host_fold(0);
     if (got != want) {
       std::fprintf(stderr, "bench: skeleton '%s' folded %08x, the host %08x; not timing it\n",
                    form_name(f), got, want);
@@ -460,23 +538,26 @@ class Skeleton {
       read(s_, {router(), shared_pair(), gu, down, shared_down()}, false, 1);
       return;
     }
-    if (f == Form::kPersistent || f == Form::kBarriersOnly) {
+    if (f == Form::kPersistent || f == Form::kBarriersOnly || f == Form::kFlow ||
+        f == Form::kFlowOnly) {
+      const bool flow = f == Form::kFlow || f == Form::kFlowOnly;
       PersistentArgs a{router(), shared_pair(), routed(false), routed(true),       shared_down(),
                        plan(),   out_,          b_.swiglu_n,   out_ + b_.swiglu_n, b_.acc_n,
                        bar_,     sink_,         scratch_};
-      if (f == Form::kBarriersOnly)
+      if (f == Form::kBarriersOnly || f == Form::kFlowOnly)
         for (SpanSet* x : {&a.router, &a.shared_pair, &a.routed_gu, &a.routed_down, &a.shared_down})
           x->words = 0;
       cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(static_cast<unsigned>(persistent_grid_));
-      cfg.blockDim = dim3(512);
+      cfg.gridDim = dim3(static_cast<unsigned>(flow ? sms_ : persistent_grid_));
+      cfg.blockDim = dim3(flow ? 1024 : 512);
       cfg.stream = s_;
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeCooperative;
       attr[0].val.cooperative = 1;
       cfg.attrs = attr;
       cfg.numAttrs = 1;
-      launch_error_ = cudaLaunchKernelEx(&cfg, persistent_kernel, a);
+      launch_error_ = flow ? cudaLaunchKernelEx(&cfg, flow_kernel, a, flow_)
+                           : cudaLaunchKernelEx(&cfg, persistent_kernel, a);
       return;
     }
     const bool pdl = f == Form::kLaunchesPdl;
@@ -516,7 +597,7 @@ class Skeleton {
   uint8_t *pool_ = nullptr, *other_ = nullptr;
   int32_t *table_ = nullptr, *counts_ = nullptr, *ints_ = nullptr;
   int32_t max_u_ = 1;
-  unsigned *bar_ = nullptr, *done_ = nullptr;
+  unsigned *bar_ = nullptr, *done_ = nullptr, *flow_ = nullptr;
   uint32_t *scratch_ = nullptr, *sink_ = nullptr;
   int64_t persistent_grid_ = 0, read_grid_ = 0, sink_n_ = 0;
   float* out_ = nullptr;
