@@ -11,7 +11,7 @@
 // n_routed experts laid out as the GGUF stacks' sizes; the shared expert's bf16 gate, up and
 // down. Exactly layer_bench's floor bytes.
 //
-// Five forms, each captured once as a graph and replayed, queued behind a hold as the layer's
+// Seven forms, each captured once as a graph and replayed, queued behind a hold as the layer's
 // own rows are (bench::Submit::kQueued):
 //  - kOneRead: every byte of the layer in one launch with no dependency (the routed spans
 //    straight from the input's list): the read floor a single launch reaches.
