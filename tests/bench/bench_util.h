@@ -185,6 +185,14 @@ std::vector<T> to_host(const void* d, size_t n) {
   return v;
 }
 
+// The xor of the 32-bit words of `bytes` bytes of device memory (bytes a multiple of 4), on the
+// host: what the benchmarks' read kernels must fold to when they read every byte once.
+inline uint32_t xor_fold(const void* d, size_t bytes) {
+  uint32_t f = 0;
+  for (uint32_t w : to_host<uint32_t>(d, bytes / 4)) f ^= w;
+  return f;
+}
+
 // The kernel's result against the emulation's, bitwise; exit 1 on the first difference.
 template <class T>
 void require_emu_bits(const std::string& what, const std::vector<T>& got,

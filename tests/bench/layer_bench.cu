@@ -160,48 +160,62 @@ double router_us(const LayerWeights& w) {
 // (time_graph, queued) beside its skeleton (tests/bench/layer_skeleton.cuh) in each form, on the
 // same 64 inputs' expert sets (the layer's own device routing of each), all in this process and
 // against the same floor: what the launch structure costs with plain reads for kernels.
-// The forms measured first at every T; the counters forms (not yet run on a device when they
-// were written) follow in a second pass, so that a fault of theirs leaves every other row printed.
-int skeleton_rows(const LayerWeights& w, double copy, const std::vector<int64_t>& Ts,
-                  const std::vector<bench::skeleton::Form>& forms, bool with_layer) {
+
+// The skeleton's bytes at T tokens: the expert sets of the 64 inputs time_graph uses (the layer's
+// own device routing) and the median of their floors.
+struct SkeletonInput {
+  int64_t T;
+  bench::skeleton::Bytes bytes;
+  double floor_us;
+};
+SkeletonInput skeleton_input(const LayerWeights& w, double copy, int64_t T) {
   const MoeConfig& c = w.config;
-  using bench::skeleton::Form;
-  for (const int64_t T : Ts) {
+  cuda::LayerOptions lo;
+  lo.route = RoutePlace::kDevice;
+  cuda::MoeLayer layer(w, lo);
+  SkeletonInput in{T, {}, 0};
+  bench::skeleton::Bytes& b = in.bytes;
+  std::vector<double> floors;
+  for (int64_t i = 0; i < 64; ++i) {
+    const auto x = generate_input(static_cast<uint64_t>(2000 + i), T, c.dim);
+    MOECHECK_CUDA_CHECK(
+        cudaMemcpy(layer.device_input(T), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+    layer.graph_forward(T);
+    MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<int32_t> ids = layer.device_routing(T).ids;
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    floors.push_back(layer_bytes(w, static_cast<int64_t>(ids.size())) / (copy * 1e9) * 1e6);
+    b.experts.push_back(std::move(ids));
+  }
+  b.router_bytes = c.n_routed * c.dim * 2;
+  b.gu_bytes = w.gate_exps.expert_stride() + w.up_exps.expert_stride();
+  b.down_bytes = w.down_exps.expert_stride();
+  b.shared_pair_bytes =
+      w.shared_gate.rows * w.shared_gate.row_stride() + w.shared_up.rows * w.shared_up.row_stride();
+  b.shared_down_bytes = w.shared_down.rows * w.shared_down.row_stride();
+  b.swiglu_n = T * c.topk * w.gate_exps.rows;
+  b.acc_n = T * c.dim;
+  in.floor_us = bench::median(floors);
+  return in;
+}
+
+// The forms' rows at each input's T; with_layer: the layer's own graph first (time_graph), each
+// row then set beside it.
+void skeleton_rows(const LayerWeights& w, double copy, const std::vector<SkeletonInput>& ins,
+                   const std::vector<bench::skeleton::Form>& forms, bool with_layer) {
+  for (const SkeletonInput& in : ins) {
+    const int64_t T = in.T;
     cuda::LayerOptions lo;
     lo.route = RoutePlace::kDevice;
-    bench::skeleton::Bytes b;
-    std::vector<double> floors;
-    {
-      cuda::MoeLayer layer(w, lo);
-      for (int64_t i = 0; i < 64; ++i) {
-        const auto x = generate_input(static_cast<uint64_t>(2000 + i), T, c.dim);
-        MOECHECK_CUDA_CHECK(
-            cudaMemcpy(layer.device_input(T), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
-        layer.graph_forward(T);
-        MOECHECK_CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<int32_t> ids = layer.device_routing(T).ids;
-        std::sort(ids.begin(), ids.end());
-        ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-        floors.push_back(layer_bytes(w, static_cast<int64_t>(ids.size())) / (copy * 1e9) * 1e6);
-        b.experts.push_back(std::move(ids));
-      }
-    }
     const GraphResult layer =
         with_layer ? time_graph(w, lo, T, copy, "device route, one graph (skeleton's layer)")
                    : GraphResult{"", T, 0, 0, 0, 0};
-    b.router_bytes = c.n_routed * c.dim * 2;
-    b.gu_bytes = w.gate_exps.expert_stride() + w.up_exps.expert_stride();
-    b.down_bytes = w.down_exps.expert_stride();
-    b.shared_pair_bytes = w.shared_gate.rows * w.shared_gate.row_stride() +
-                          w.shared_up.rows * w.shared_up.row_stride();
-    b.shared_down_bytes = w.shared_down.rows * w.shared_down.row_stride();
-    b.swiglu_n = T * c.topk * w.gate_exps.rows;
-    b.acc_n = T * c.dim;
-    bench::skeleton::Skeleton sk(b, c.n_routed);
-    const double floor = bench::median(floors);
+    bench::skeleton::Skeleton sk(in.bytes, w.config.n_routed);
+    const double floor = in.floor_us;
     std::printf("skeleton at T=%lld: %.1f MB a forward (median), persistent grid %d blocks\n",
                 static_cast<long long>(T), floor * copy * 1e-3, sk.persistent_grid());
-    for (const Form f : forms) {
+    for (const bench::skeleton::Form f : forms) {
       const double us = sk.time_form(f, 20, 200);
       if (us < 0) continue;
       std::printf("skeleton row: %s | T=%lld | queued %.1f us | floor %.1f us | %.2fx the floor",
@@ -212,7 +226,6 @@ int skeleton_rows(const LayerWeights& w, double copy, const std::vector<int64_t>
       std::printf("\n");
     }
   }
-  return 0;
 }
 
 }  // namespace
@@ -347,12 +360,17 @@ int main(int argc, char** argv) {
     std::vector<int64_t> Ts;
     for (int i = 2; i < argc; ++i) Ts.push_back(std::stoll(argv[i]));
     if (Ts.empty()) Ts = {1, 8};
+    std::vector<SkeletonInput> ins;
+    for (const int64_t T : Ts) ins.push_back(skeleton_input(w, copy, T));
     using bench::skeleton::Form;
-    const int rc = skeleton_rows(w, copy, Ts,
-                                 {Form::kOneRead, Form::kLaunches, Form::kLaunchesPdl,
-                                  Form::kPersistent, Form::kBarriersOnly},
-                                 true);
-    return rc != 0 ? rc : skeleton_rows(w, copy, Ts, {Form::kFlow, Form::kFlowOnly}, false);
+    skeleton_rows(w, copy, ins,
+                  {Form::kOneRead, Form::kLaunches, Form::kLaunchesPdl, Form::kPersistent,
+                   Form::kBarriersOnly},
+                  true);
+    // The counters forms (not yet run on a device when they were written) in a second pass, so
+    // that a fault of theirs leaves every other row printed.
+    skeleton_rows(w, copy, ins, {Form::kFlow, Form::kFlowOnly}, false);
+    return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "quick") {
     // The default device-resident graph at T = 1 - 8 in three passes: a short device call's

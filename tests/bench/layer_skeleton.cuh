@@ -358,7 +358,7 @@ struct Bytes {
 
 class Skeleton {
  public:
-  Skeleton(const Bytes& b, int64_t n_routed) : b_(b), n_routed_(n_routed) {
+  Skeleton(const Bytes& b, int64_t n_routed) : b_(b) {
     int dev = 0;
     MOECHECK_CUDA_CHECK(cudaGetDevice(&dev));
     MOECHECK_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
@@ -441,8 +441,7 @@ class Skeleton {
     MOECHECK_CUDA_CHECK(cudaMemset(sink_, 0, 4 * sink_n_));
     MOECHECK_CUDA_CHECK(cudaGraphLaunch(ge, s_));
     MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s_));
-    uint32_t got = 0;
-    for (uint32_t w : to_host<uint32_t>(sink_, static_cast<size_t>(sink_n_))) got ^= w;
+    const uint32_t got = xor_fold(sink_, static_cast<size_t>(4 * sink_n_));
     const uint32_t want = f == Form::kBarriersOnly || f == Form::kFlowOnly ? 0 : host_fold(0);
     if (got != want) {
       std::fprintf(stderr, "bench: skeleton '%s' folded %08x, the host %08x; not timing it\n",
@@ -581,17 +580,13 @@ class Skeleton {
 
   // The xor of every 32-bit word input i's forward reads.
   uint32_t host_fold(size_t i) const {
-    uint32_t f = 0;
-    auto fold = [&](const uint8_t* p, int64_t bytes) {
-      for (uint32_t w : to_host<uint32_t>(p, static_cast<size_t>(bytes / 4))) f ^= w;
-    };
-    fold(other_, other_bytes_);
-    for (int32_t e : b_.experts[i]) fold(pool_ + e * stride_, stride_);
+    uint32_t f = xor_fold(other_, static_cast<size_t>(other_bytes_));
+    for (int32_t e : b_.experts[i])
+      f ^= xor_fold(pool_ + e * stride_, static_cast<size_t>(stride_));
     return f;
   }
 
   Bytes b_;
-  int64_t n_routed_;
   int sms_ = 0;
   int64_t stride_ = 0, pool_bytes_ = 0, other_bytes_ = 0;
   uint8_t *pool_ = nullptr, *other_ = nullptr;

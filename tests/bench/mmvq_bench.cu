@@ -100,6 +100,26 @@ __global__ void __launch_bounds__(512)
   }
 }
 
+// read_words_kernel over p[0, bytes) once (grid blocks, folds in sink), its folds against the
+// host's xor of the same bytes: prints "validated the read of <what>" and returns true, or names
+// both folds and returns false (the caller then times nothing).
+bool read_folds_to_host(const uint8_t* p, size_t bytes, int grid, uint32_t* sink, cudaStream_t s,
+                        const std::string& what) {
+  read_words_kernel<<<grid, 512, 0, s>>>(reinterpret_cast<const uint4*>(p),
+                                         static_cast<int64_t>(bytes / 16), sink);
+  MOECHECK_CUDA_CHECK(cudaGetLastError());
+  MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
+  const uint32_t want = bench::xor_fold(p, bytes);
+  const uint32_t got = bench::xor_fold(sink, static_cast<size_t>(grid) * 4);
+  if (got != want) {
+    std::fprintf(stderr, "bench: read_words_kernel folded %08x over %s, the host %08x\n", got,
+                 what.c_str(), want);
+    return false;
+  }
+  std::printf("validated the read of %s: xor-fold %08x equal to the host's\n", what.c_str(), want);
+  return true;
+}
+
 // time = fixed + slope * m by least squares over the sweep's (m, us).
 void fit_line(const std::vector<double>& xs, const std::vector<double>& ys, double& fixed,
               double& slope) {
@@ -812,26 +832,16 @@ int main() {
       const size_t bytes = static_cast<size_t>(mmax * sh.each);
       // Checks on set 0: the copy's destination equals its source, the read's folds the host's.
       MOECHECK_CUDA_CHECK(cudaMemcpyAsync(dst, sh.pool, bytes, cudaMemcpyDeviceToDevice, s));
-      read_words_kernel<<<grid, 512, 0, s>>>(reinterpret_cast<const uint4*>(sh.pool),
-                                             static_cast<int64_t>(bytes / 16), sink);
-      MOECHECK_CUDA_CHECK(cudaGetLastError());
       MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-      const auto src_h = bench::to_host<uint32_t>(sh.pool, bytes / 4);
-      if (bench::to_host<uint32_t>(dst, bytes / 4) != src_h) {
+      if (bench::to_host<uint32_t>(dst, bytes / 4) !=
+          bench::to_host<uint32_t>(sh.pool, bytes / 4)) {
         std::fprintf(stderr, "bench: the memcpy of %d x %s differs from its source\n", mmax,
                      sh.what);
         return 1;
       }
-      uint32_t want = 0, got = 0;
-      for (uint32_t w : src_h) want ^= w;
-      for (uint32_t w : bench::to_host<uint32_t>(sink, static_cast<size_t>(grid))) got ^= w;
-      if (got != want) {
-        std::fprintf(stderr, "bench: read_words_kernel folded %08x, the host %08x; not timing it\n",
-                     got, want);
+      if (!read_folds_to_host(sh.pool, bytes, grid, sink, s,
+                              std::to_string(mmax) + " x " + sh.what))
         return 1;
-      }
-      std::printf("validated the read of %d x %s: xor-fold %08x equal to the host's\n", mmax,
-                  sh.what, want);
       for (int kind = 0; kind < 2; ++kind) {
         const char* kn = kind == 0 ? "memcpy" : "read kernel";
         std::vector<double> xs, ys;
@@ -983,20 +993,9 @@ int main() {
       for (const int k : {0, 2}) {  // gate + up (two matrices, contiguous), down
         const int64_t bytes = (k == 0 ? 2 : 1) * sb;
         const char* what = k == 0 ? "the shared gate+up bytes" : "the shared down bytes";
-        read_words_kernel<<<grid, 512, 0, s>>>(reinterpret_cast<const uint4*>(mat(0, k)),
-                                               bytes / 16, sink);
-        MOECHECK_CUDA_CHECK(cudaGetLastError());
-        MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-        uint32_t want = 0, got = 0;
-        for (uint32_t v : bench::to_host<uint32_t>(mat(0, k), static_cast<size_t>(bytes / 4)))
-          want ^= v;
-        for (uint32_t v : bench::to_host<uint32_t>(sink, static_cast<size_t>(grid))) got ^= v;
-        if (got != want) {
-          std::fprintf(stderr, "bench: read_words_kernel folded %08x over %s, the host %08x\n", got,
-                       what, want);
+        if (!read_folds_to_host(reinterpret_cast<const uint8_t*>(mat(0, k)),
+                                static_cast<size_t>(bytes), grid, sink, s, what))
           return 1;
-        }
-        std::printf("validated the read of %s: xor-fold %08x equal to the host's\n", what, want);
         const double us = graph_us(
             [&](int i, cudaStream_t st) {
               read_words_kernel<<<grid, 512, 0, st>>>(reinterpret_cast<const uint4*>(mat(i, k)),
