@@ -185,6 +185,22 @@ std::vector<T> to_host(const void* d, size_t n) {
   return v;
 }
 
+// The xor of acc over the block's threads, returned to thread 0 (the others get 0): the device side
+// of the benchmarks' read checks, whose per-block folds the host xors against xor_fold below.
+// Every thread of the block calls it; it synchronises the block first, so a kernel may call it
+// more than once.
+__device__ __forceinline__ uint32_t block_fold(uint32_t acc) {
+  __shared__ uint32_t part[32];
+  for (int o = 16; o > 0; o /= 2) acc ^= __shfl_xor_sync(0xFFFFFFFFu, acc, o);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
+  __syncthreads();
+  uint32_t b = 0;
+  if (threadIdx.x == 0)
+    for (unsigned w = 0; w < blockDim.x / 32; ++w) b ^= part[w];
+  return b;
+}
+
 // The xor of the 32-bit words of `bytes` bytes of device memory (bytes a multiple of 4), on the
 // host: what the benchmarks' read kernels must fold to when they read every byte once.
 inline uint32_t xor_fold(const void* d, size_t bytes) {

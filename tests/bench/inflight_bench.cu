@@ -31,16 +31,9 @@ constexpr int64_t kSetBytes = 12 * 2304 * kRowBytes;  // 46,448,640
 constexpr int kSets = 8;
 
 // The fold of a block's threads into sink[blockIdx.x] (every thread calls it once).
-__device__ __forceinline__ void block_fold(uint32_t acc, uint32_t* sink) {
-  __shared__ uint32_t fold[32];
-  for (int o = 16; o > 0; o /= 2) acc ^= __shfl_xor_sync(0xFFFFFFFFu, acc, o);
-  if (threadIdx.x % 32 == 0) fold[threadIdx.x / 32] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t b = 0;
-    for (unsigned w = 0; w < blockDim.x / 32; ++w) b ^= fold[w];
-    sink[blockIdx.x] = b;
-  }
+__device__ __forceinline__ void fold_to(uint32_t acc, uint32_t* sink) {
+  const uint32_t b = bench::block_fold(acc);
+  if (threadIdx.x == 0) sink[blockIdx.x] = b;
 }
 
 // Plain loads: every 16-byte word of p[0, n) once, kLoads (1, 2 or 4: written as 8, the sm_90
@@ -63,7 +56,7 @@ __global__ void __launch_bounds__(256) lsu_read(const uint4* p, int64_t n, uint3
     const uint4 v = __ldg(p + i);
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
-  block_fold(acc, sink);
+  fold_to(acc, sink);
 }
 
 // Bulk copies: the bytes are chunks of R x pitch bytes (R rows of a pass); a chunk is read in
@@ -125,7 +118,7 @@ __global__ void __launch_bounds__(512, 1)
       parity ^= 1u;
     }
   }
-  block_fold(acc, sink);
+  fold_to(acc, sink);
 }
 
 int64_t bulk_smem(const BulkShape& s) {

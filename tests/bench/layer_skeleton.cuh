@@ -123,19 +123,6 @@ __device__ __forceinline__ uint32_t read_set(const SpanSet& s, uint32_t tid, uin
   return acc;
 }
 
-// The block's fold of every thread's acc (thread 0 gets it).
-__device__ __forceinline__ uint32_t block_fold(uint32_t acc) {
-  __shared__ uint32_t part[32];
-  for (int o = 16; o > 0; o /= 2) acc ^= __shfl_xor_sync(0xFFFFFFFFu, acc, o);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
-  __syncthreads();
-  uint32_t b = 0;
-  if (threadIdx.x == 0)
-    for (unsigned w = 0; w < blockDim.x / 32; ++w) b ^= part[w];
-  return b;
-}
-
 // The selection's inputs: the expert lists of n_inputs inputs ([n_inputs][max_u] ids, counts),
 // the current input's index (advanced by the accumulation-sized step), and its outputs.
 struct Plan {

@@ -75,7 +75,6 @@ const Engine kEngines[] = {
 // one-token MMVQ launches' size-matched read: the bytes without the arithmetic.
 __global__ void __launch_bounds__(512)
     read_words_kernel(const uint4* p, int64_t n, uint32_t* sink) {
-  __shared__ uint32_t fold[16];
   uint32_t acc = 0;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
@@ -90,14 +89,8 @@ __global__ void __launch_bounds__(512)
     const uint4 v = __ldg(p + i);
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
-  for (int o = 16; o > 0; o /= 2) acc ^= __shfl_xor_sync(0xFFFFFFFFu, acc, o);
-  if (threadIdx.x % 32 == 0) fold[threadIdx.x / 32] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t b = 0;
-    for (unsigned w = 0; w < blockDim.x / 32; ++w) b ^= fold[w];
-    sink[blockIdx.x] = b;
-  }
+  const uint32_t b = bench::block_fold(acc);
+  if (threadIdx.x == 0) sink[blockIdx.x] = b;
 }
 
 // read_words_kernel over p[0, bytes) once (grid blocks, folds in sink), its folds against the
