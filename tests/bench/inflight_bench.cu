@@ -36,28 +36,9 @@ __device__ __forceinline__ void fold_to(uint32_t acc, uint32_t* sink) {
   if (threadIdx.x == 0) sink[blockIdx.x] = b;
 }
 
-// Plain loads: every 16-byte word of p[0, n) once, kLoads (1, 2 or 4: written as 8, the sm_90
-// SASS keeps only 4 in flight, read with cuobjdump) independent loads in flight a
-// thread (grid-stride, the kLoads words of a round a stride apart), so a multiprocessor keeps
-// blocks x threads x kLoads x 16 bytes in flight.
-template <int kLoads>
-__global__ void __launch_bounds__(256) lsu_read(const uint4* p, int64_t n, uint32_t* sink) {
-  uint32_t acc = 0;
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  for (; i + (kLoads - 1) * stride < n; i += kLoads * stride) {
-    uint4 v[kLoads];
-#pragma unroll
-    for (int k = 0; k < kLoads; ++k) v[k] = __ldg(p + i + k * stride);
-#pragma unroll
-    for (int k = 0; k < kLoads; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
-  }
-  for (; i < n; i += stride) {
-    const uint4 v = __ldg(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  fold_to(acc, sink);
-}
+// Plain loads: bench::read_words_kernel<kLoads> (kLoads 1, 2 or 4 in flight a thread) in blocks of
+// 256 threads, so a multiprocessor keeps blocks x 256 x kLoads x 16 bytes in flight.
+using bench::read_words_kernel;
 
 // Bulk copies: the bytes are chunks of R x pitch bytes (R rows of a pass); a chunk is read in
 // pitch / c steps, step q copying bytes [q c, q c + c) of each of its R rows (lane r < R issues
@@ -159,18 +140,18 @@ int main() {
   // (cudaOccupancyMaxActiveBlocksPerMultiprocessor: more loads a thread take more registers).
   auto add_lsu = [&](int bps, int loads) {
     const int grid = bps * sms;
-    const void* fn = loads == 1   ? reinterpret_cast<const void*>(lsu_read<1>)
-                     : loads == 2 ? reinterpret_cast<const void*>(lsu_read<2>)
-                                  : reinterpret_cast<const void*>(lsu_read<4>);
+    const void* fn = loads == 1   ? reinterpret_cast<const void*>(read_words_kernel<1>)
+                     : loads == 2 ? reinterpret_cast<const void*>(read_words_kernel<2>)
+                                  : reinterpret_cast<const void*>(read_words_kernel<4>);
     int fit = 0;
     MOECHECK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, fn, 256, 0));
     const int resident = fit < bps ? fit : bps;
     auto launch = [grid, loads](const uint8_t* p, int64_t bytes, uint32_t* sk, cudaStream_t st) {
       const auto* q = reinterpret_cast<const uint4*>(p);
       const int64_t n = bytes / 16;
-      if (loads == 1) lsu_read<1><<<grid, 256, 0, st>>>(q, n, sk);
-      else if (loads == 2) lsu_read<2><<<grid, 256, 0, st>>>(q, n, sk);
-      else lsu_read<4><<<grid, 256, 0, st>>>(q, n, sk);
+      if (loads == 1) read_words_kernel<1><<<grid, 256, 0, st>>>(q, n, sk);
+      else if (loads == 2) read_words_kernel<2><<<grid, 256, 0, st>>>(q, n, sk);
+      else read_words_kernel<4><<<grid, 256, 0, st>>>(q, n, sk);
       MOECHECK_CUDA_CHECK(cudaGetLastError());
     };
     configs.push_back({"plain loads",
@@ -220,9 +201,7 @@ int main() {
     MOECHECK_CUDA_CHECK(cudaMemset(sink, 0, 8 * 1024 * sizeof(uint32_t)));
     c.launch(data, bytes, sink, s);
     MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
-    uint32_t f = 0;
-    for (uint32_t v : bench::to_host<uint32_t>(sink, 8 * 1024)) f ^= v;
-    return f;
+    return bench::xor_fold(sink, 8 * 1024 * sizeof(uint32_t));
   };
   for (const Config& c : configs) {
     const uint32_t f1 = folds(c, kSetBytes), f8 = folds(c, all);

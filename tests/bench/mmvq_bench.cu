@@ -70,36 +70,17 @@ const Engine kEngines[] = {
     {"diagnostic: bulk copies alone, 4 stages", cuda::MmvqEngine::kTensorCore, 8, 4, 2, true},
     {"diagnostic: cp.async alone, 4 stages", cuda::MmvqEngine::kTensorCore, 8, 4, 3, true}};
 
-// Every 16-byte word of p[0, n) loaded once and xor-folded; each block stores its fold in
-// sink[blockIdx.x] (so the host can check the kernel read every byte, and the loads stay). The
-// one-token MMVQ launches' size-matched read: the bytes without the arithmetic.
-__global__ void __launch_bounds__(512)
-    read_words_kernel(const uint4* p, int64_t n, uint32_t* sink) {
-  uint32_t acc = 0;
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  for (; i + 3 * stride < n; i += 4 * stride) {  // four loads in flight a thread
-    uint4 v[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = __ldg(p + i + k * stride);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
-  }
-  for (; i < n; i += stride) {
-    const uint4 v = __ldg(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  const uint32_t b = bench::block_fold(acc);
-  if (threadIdx.x == 0) sink[blockIdx.x] = b;
-}
+// The one-token MMVQ launches' size-matched read (bench::read_words_kernel, four loads in flight
+// a thread): the bytes without the arithmetic.
+using moecheck::bench::read_words_kernel;
 
 // read_words_kernel over p[0, bytes) once (grid blocks, folds in sink), its folds against the
 // host's xor of the same bytes: prints "validated the read of <what>" and returns true, or names
 // both folds and returns false (the caller then times nothing).
 bool read_folds_to_host(const uint8_t* p, size_t bytes, int grid, uint32_t* sink, cudaStream_t s,
                         const std::string& what) {
-  read_words_kernel<<<grid, 512, 0, s>>>(reinterpret_cast<const uint4*>(p),
-                                         static_cast<int64_t>(bytes / 16), sink);
+  read_words_kernel<4><<<grid, 512, 0, s>>>(reinterpret_cast<const uint4*>(p),
+                                            static_cast<int64_t>(bytes / 16), sink);
   MOECHECK_CUDA_CHECK(cudaGetLastError());
   MOECHECK_CUDA_CHECK(cudaStreamSynchronize(s));
   const uint32_t want = bench::xor_fold(p, bytes);
@@ -846,8 +827,8 @@ int main() {
                 if (kind == 0) {
                   MOECHECK_CUDA_CHECK(cudaMemcpyAsync(dst, src, b, cudaMemcpyDeviceToDevice, st));
                 } else {
-                  read_words_kernel<<<grid, 512, 0, st>>>(reinterpret_cast<const uint4*>(src),
-                                                          static_cast<int64_t>(b / 16), sink);
+                  read_words_kernel<4><<<grid, 512, 0, st>>>(reinterpret_cast<const uint4*>(src),
+                                                             static_cast<int64_t>(b / 16), sink);
                   MOECHECK_CUDA_CHECK(cudaGetLastError());
                 }
               },
@@ -991,8 +972,8 @@ int main() {
           return 1;
         const double us = graph_us(
             [&](int i, cudaStream_t st) {
-              read_words_kernel<<<grid, 512, 0, st>>>(reinterpret_cast<const uint4*>(mat(i, k)),
-                                                      bytes / 16, sink);
+              read_words_kernel<4><<<grid, 512, 0, st>>>(reinterpret_cast<const uint4*>(mat(i, k)),
+                                                         bytes / 16, sink);
               MOECHECK_CUDA_CHECK(cudaGetLastError());
             },
             n, s);
