@@ -80,7 +80,7 @@ void mmvq_groups(GgmlType t, const uint8_t* const* slots, const MmvqGroup* group
 // the n_proj * G groups (gate and up: n_proj 2). Bits equal mmvq_groups on the same groups.
 // Each projection's live groups hold at most proj_stride tokens in all (route_plan's groups
 // partition the picks); the launch sizes its shared memory by that and traps past it.
-// stream_warps (0, 4, 8, 12 or 16): the streamed engine's warps per block for this launch (0:
+// stream_warps (0, 4, 8, 12, 14 or 16): the streamed engine's warps per block for this launch (0:
 // set_mmvq_stream_shape's). warm, warm_bytes (optional): a device range holding the plan (the
 // count, the groups, the slot table), which the streamed engine's blocks prefetch into L1 when
 // they start, so that the chain count -> group -> slot pointer -> copy costs one round trip to
@@ -130,13 +130,16 @@ void mmq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGroup
 enum class MmvqEngine { kDp4a, kTensorCore, kStreamed };
 void set_mmvq_engine(MmvqEngine e, int tc_stages = 0, int tc_mode = 0);
 MmvqEngine mmvq_engine();
-// The streamed engine's warps per block: 4, 8, 12 or 16, or 0 for its default.
+// The streamed engine's warps per block: 4, 8, 12, 14 or 16, or 0 for its default. 14 is a
+// one-token shape (launches of several-token groups and steps of 8 take 12 in its place): 2 stages
+// unless asked, at most 120 registers a thread, so that a block sits beside one block of the
+// shared expert's pair GEMV (cuda/mmvq_sb.cuh choose()).
 constexpr bool stream_warps_allowed(int w) {
-  return w == 0 || w == 4 || w == 8 || w == 12 || w == 16;
+  return w == 0 || w == 4 || w == 8 || w == 12 || w == 14 || w == 16;
 }
-// The streamed engine's shape: warps per block (4, 8, 12 or 16) and ring stages per warp (2..8);
-// 0 for the defaults (16 warps, 3 stages, fewer where shared memory is short). No bit depends on
-// it. Process-wide, for benchmarks and tests; not thread-safe.
+// The streamed engine's shape: warps per block (4, 8, 12, 14 or 16) and ring stages per warp
+// (2..8); 0 for the defaults (16 warps, 3 stages, fewer where shared memory is short). No bit
+// depends on it. Process-wide, for benchmarks and tests; not thread-safe.
 void set_mmvq_stream_shape(int warps, int stages);
 // Caps the dp4a kernel's persistent grid at `cap` blocks per multiprocessor (0: as many as fit),
 // leaving room for a concurrent kernel (the shared expert on the side stream). No bit depends on

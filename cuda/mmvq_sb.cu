@@ -53,6 +53,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 
 #include "core/error.h"
@@ -494,8 +495,18 @@ __device__ __forceinline__ uint32_t sm_id() {
 
 // kDiag = 0 is the product kernel (no record, no clock read: its code is as without the
 // parameter).
+// The launch bounds' thread count: the block's own, except for the one-token shape of 14 warps
+// (kOneTokenWarps), whose bound is 17 warps, so that the compiler keeps below 65536 / 544 = 120
+// registers a thread (cuda/mmvq_sb.cuh); a bound of 16 warps would allow 128, too many beside a
+// pair GEMV block. nvcc 13.0 gives both types' 14-warp kernels 96 registers (cuobjdump
+// -res-usage; Q2_K no stack, Q3_K an 8-byte frame, no local memory). A launch bound is an upper
+// limit, so the kernel launches with 448 threads.
+constexpr int launch_bound_threads(int warps) {
+  return (warps == kOneTokenWarps ? 17 : warps) * kWarpSize;
+}
+
 template <GgmlType kType, int kWarps, bool kPrefix, int kTok, int kPer, int kDiag = 0>
-__global__ void __launch_bounds__(kWarps* kWarpSize, 1)
+__global__ void __launch_bounds__(launch_bound_threads(kWarps), 1)
     mmvq_sb_kernel(MmvqParams p, int stages, int n_act, bool early, int head) {
   static_assert(kTok == 1 || (kPrefix && kTok <= kPassTokens));
   static_assert(kPer == 1 || kPer == 2);
@@ -868,6 +879,10 @@ void launch_type(const MmvqParams& p, const Geometry& g, void* stream) {
       throw InputError(
           "cuda::set_mmvq_stream_diagnostic: only one-token launches with steps of 4 record a "
           "timeline (this launch has several-token groups or steps of 8)");
+    if (g.warps == kOneTokenWarps)
+      throw InputError(
+          "cuda::set_mmvq_stream_diagnostic: the one-token shape of 14 warps records no timeline "
+          "(ask for 4, 8, 12 or 16)");
     if (g.grid * g.warps > g_diag.capacity)
       throw InputError("cuda::set_mmvq_stream_diagnostic: the launch has " +
                        std::to_string(g.grid * g.warps) + " warps, the buffer holds " +
@@ -878,6 +893,11 @@ void launch_type(const MmvqParams& p, const Geometry& g, void* stream) {
   }
   switch (g.warps) {
     case 16: launch_prefix<kType, 16>(p, g, stream); break;
+    case kOneTokenWarps:  // choose() gives it to one-token launches with steps of 4 only
+      if (prefixed(p) || g.per != 1)
+        throw std::logic_error("mmvq_sb: 14 warps chosen for a launch it does not take");
+      launch_per<kType, kOneTokenWarps, false, 1, 1>(p, g, stream);
+      break;
     case 12: launch_prefix<kType, 12>(p, g, stream); break;
     case 8: launch_prefix<kType, 8>(p, g, stream); break;
     default: launch_prefix<kType, 4>(p, g, stream); break;

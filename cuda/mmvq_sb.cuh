@@ -20,6 +20,13 @@ constexpr int kChunkSb = 4;  // super-blocks of a row in a step of one a class (
 constexpr int kPassRows = 8;  // rows per pass: lane = 4 row + class
 constexpr int kSmemMax = 227 * 1024;
 constexpr int kDefaultWarps = 16, kDefaultStages = 3;
+// The one-token shape of 14 warps (cuda::stream_warps_allowed): with 2 stages of 8 Q2_K rows of K
+// = 5120 a block takes 99.3 KB, and at most 120 registers a thread (the kernel's launch bound; 96
+// with nvcc 13.0) leave at least 11776 registers, so one block of the shared expert's pair GEMV
+// (4 warps of 80 registers, 10240, and 92.2 KB) fits beside it; the one-token gate / up launch's
+// 3456 passes then take at most two a warp on 132 multiprocessors (1848 warps), where 12 warps
+// (1584) leave some warps three.
+constexpr int kOneTokenWarps = 14, kOneTokenStages = 2;
 // Steps a warp issues before its block stages the activations (Settings::head; measured against
 // the whole ring first in docs/performance.md "The ring's head").
 constexpr int kDefaultHead = 1;
@@ -291,7 +298,9 @@ inline bool geometry(const mmvq_tiles::MmvqParams& p, int slot, int warps, int w
 }
 
 // The launch's whole choice (cuda/mmvq_sb.cu launch()): warps (0: kDefaultWarps) and stages (0:
-// kDefaultStages) as asked, fewer warps where the rings do not fit (16, 12, 8, 4), and the step.
+// kDefaultStages) as asked, fewer warps where the rings do not fit (16 or 14, then 12, 8, 4), and
+// the step. 14 warps is a one-token shape with 2 stages unless asked (kOneTokenWarps); launches
+// of several-token groups and forced steps of 8 take 12 in its place.
 // Double steps (8 super-blocks a row) halve the steps' copies and bookkeeping but double the
 // rings. The default takes them for launches of several-token groups (the layers of 2 - 32
 // tokens) where the rings fit at the shape's warps, 2 stages or more, with a block per
@@ -303,12 +312,16 @@ inline bool choose(const mmvq_tiles::MmvqParams& p, GgmlType t, int warps, int s
                    const Settings& set, Geometry& g) {
   g = Geometry{};  // every field the choice's own (per keeps its default where no branch sets it)
   const int nsb = static_cast<int>(p.K / kQK_K);
-  const int want = stages != 0 ? stages : kDefaultStages;
-  const int w0 = warps != 0 ? warps : kDefaultWarps;
+  const bool one_token_shape = warps == kOneTokenWarps && !prefixed(p) && set.step != 8;
+  const int want = stages != 0 ? stages : one_token_shape ? kOneTokenStages : kDefaultStages;
+  const int w0 = warps == 0                                    ? kDefaultWarps
+                 : warps == kOneTokenWarps && !one_token_shape ? 12
+                                                               : warps;
   int w = w0;
   auto fit_warps = [&](int slot) {
     bool ok;
-    while (!(ok = geometry(p, slot, w, want, sms, set, g)) && w > 4) w = w > 8 ? w - 4 : 4;
+    while (!(ok = geometry(p, slot, w, want, sms, set, g)) && w > 4)
+      w = w > 12 ? 12 : w > 8 ? 8 : 4;
     return ok;
   };
   bool fits = false;

@@ -77,12 +77,14 @@ struct LayerOptions {
   // early blocks hold multiprocessors the other stream's kernels need (docs/performance.md). No
   // bit depends on it.
   bool programmatic_launch = false;
-  // Device route: the streamed MMVQ engine's warps per block (0, 4, 8, 12 or 16) for the gate /
-  // up launch and for the down launch of layers of up to 8 tokens. 0: for gate / up 12 at one
-  // token and the engine's 16 above, for down the engine's 16. A 12-warp block leaves room on
-  // its multiprocessor for one of the shared expert's GEMV blocks (measured on the H200: the
-  // one-token gate / up MMVQ then starts beside the shared pair GEMV, docs/performance.md). No
-  // bit depends on them.
+  // Device route: the streamed MMVQ engine's warps per block (0, 4, 8, 12, 14 or 16) for the gate
+  // / up launch and for the down launch of layers of up to 8 tokens. 0: for gate / up 14 at one
+  // token (cuda/mmvq_sb.cuh kOneTokenWarps: 2 stages) and the engine's 16 above, for down the
+  // engine's 16. A 12- or 14-warp block leaves room on its multiprocessor for one of the shared
+  // expert's GEMV blocks (measured on the H200: the one-token gate / up MMVQ then starts beside
+  // the shared pair GEMV); 14 warps also take the one-token launch's 3456 passes at most two a
+  // warp, where 12 leave some warps three (measured on the H100: the one-token layer 1.0 us
+  // shorter, docs/performance.md, thirty-ninth session). No bit depends on them.
   int gate_up_stream_warps = 0;
   int down_stream_warps = 0;
   // Device route: the streamed MMVQ's blocks prefetch the device plan into L1 as they start
@@ -131,7 +133,7 @@ struct LayerOptions {
 // The warps the device route asks of the streamed engine for the gate / up launch of a forward
 // of T tokens (LayerOptions::gate_up_stream_warps; 0: the engine's default).
 inline int gate_up_stream_warps(const LayerOptions& o, int64_t T) {
-  return o.gate_up_stream_warps != 0 ? o.gate_up_stream_warps : T == 1 ? 12 : 0;
+  return o.gate_up_stream_warps != 0 ? o.gate_up_stream_warps : T == 1 ? 14 : 0;
 }
 
 // The MMVQ / MMQ split LayerOptions gives a forward of T tokens (LayerOptions::mmvq_max_rows).

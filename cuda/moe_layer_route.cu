@@ -123,7 +123,7 @@ void MoeLayer::Impl::device_routed(int64_t T, bool masked, const std::function<v
   const BlockQ8_1* xq = x_q8.as<BlockQ8_1>();
   // The plan up to its scratch (slot table, groups, rows, weights, counts), prefetched into L1 by
   // the streamed MMVQ's blocks as they start (mmvq_groups_planned's warm range).
-  // The gate / up launch's warps (LayerOptions::gate_up_stream_warps; 0: 12 at one token, where a
+  // The gate / up launch's warps (LayerOptions::gate_up_stream_warps; 0: 14 at one token, where a
   // shared GEMV block then fits beside each MMVQ block, else the engine's 16).
   const int gu_warps = gate_up_stream_warps(o, T);
   const uint8_t* warm = o.prefetch_plan ? dplan.as<uint8_t>() : nullptr;

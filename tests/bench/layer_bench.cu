@@ -234,18 +234,18 @@ void skeleton_rows(const LayerWeights& w, double copy, const std::vector<Skeleto
 // or process-wide; false (with a message naming the option) on an unknown one: prog = 0 / 1
 // (LayerOptions::programmatic_launch), carve = 0 / 1 (cuda::set_max_shared_carveout), prio = 0 / 1
 // (graph_node_priority), fork = 0..3 (SharedFork for every T: input, router start, after the
-// router, after the selection), side = 0 / 1 (shared_side_stream), mmvq_warps = 0 / 4 / 8 / 12 / 16
-// (cuda::set_mmvq_stream_shape), gu_warps / down_warps = 0 / 4 / 8 / 12 / 16 (gate_up_stream_warps,
-// down_stream_warps), prefetch_plan = 0 / 1 (LayerOptions::prefetch_plan), x_staged = 0 / 1
-// (cuda::set_bf16_gemv_x_staged), tok_blocks = 0..32 (cuda::set_bf16_gemv_tokens_blocks),
-// stream_tokens = 0.. (cuda::set_mmvq_stream_layer_tokens: the streamed MMVQ above 8 tokens),
-// whole_sm = 0 / 1 and pass_tokens = 0..2 (cuda::set_mmvq_stream_pass_shape; whole_sm first),
-// router_gemm = 0 / 1 (cuda::set_router_gemm: the staged router's GEMM above 8 tokens), rres = 0 /
-// 1 (cuda::set_router_gemm_resident: that GEMM's persistent form), acc4 = 0 / 1
-// (cuda::set_accumulate_vector: four elements a thread), step = 0 /
-// 4 / 8 (cuda::set_mmvq_stream_step: the streamed MMVQ's super-blocks a row a step), head = -1..8
-// (cuda::set_mmvq_stream_head: the steps a warp issues before its block stages the activations),
-// mmq_beside = -1..2 (LayerOptions::mmq_beside; -1 the default by T).
+// router, after the selection), side = 0 / 1 (shared_side_stream), mmvq_warps = 0 / 4 / 8 / 12 / 14
+// / 16 (cuda::set_mmvq_stream_shape), gu_warps / down_warps = 0 / 4 / 8 / 12 / 14 / 16
+// (gate_up_stream_warps, down_stream_warps), prefetch_plan = 0 / 1 (LayerOptions::prefetch_plan),
+// x_staged = 0 / 1 (cuda::set_bf16_gemv_x_staged), tok_blocks = 0..32
+// (cuda::set_bf16_gemv_tokens_blocks), stream_tokens = 0.. (cuda::set_mmvq_stream_layer_tokens: the
+// streamed MMVQ above 8 tokens), whole_sm = 0 / 1 and pass_tokens = 0..2
+// (cuda::set_mmvq_stream_pass_shape; whole_sm first), router_gemm = 0 / 1 (cuda::set_router_gemm:
+// the staged router's GEMM above 8 tokens), rres = 0 / 1 (cuda::set_router_gemm_resident: that
+// GEMM's persistent form), acc4 = 0 / 1 (cuda::set_accumulate_vector: four elements a thread), step
+// = 0 / 4 / 8 (cuda::set_mmvq_stream_step: the streamed MMVQ's super-blocks a row a step), head =
+// -1..8 (cuda::set_mmvq_stream_head: the steps a warp issues before its block stages the
+// activations), mmq_beside = -1..2 (LayerOptions::mmq_beside; -1 the default by T).
 static bool apply_keys(const std::vector<std::string>& kv, cuda::LayerOptions& lo,
                        const char* mode) {
   bool whole_sm = false;

@@ -201,9 +201,11 @@ std::string describe(const Geometry& g) {
 }  // namespace sbgeo
 
 // The ds41 layer's two streamed launches on the H200's 132 multiprocessors, at every T the
-// streamed engine takes: the T = 1 shapes ncu measured on the device (docs/performance.md
-// "Double steps", the one-token launches under ncu: gate / up 12 warps and 122.9 KB of shared
-// memory, down 16 warps and 159.3 KB: 2 stages, the down rings of 3 do not fit at 16 warps),
+// streamed engine takes: at T = 1 the gate / up launch's one-token shape, 14 warps x 2 stages
+// and 99.3 KB of shared memory (kOneTokenWarps; before the thirty-ninth session 12 warps x 3
+// stages and 122.9 KB, the shape ncu measured on the device, docs/performance.md "Double steps"),
+// and the down launch's, 16 warps and 159.3 KB (2 stages: the down rings of 3 do not fit at 16
+// warps, as ncu measured),
 // and the double-step rule: the gate / up launch of the layers of 2 - 32 tokens takes double
 // steps at 16 warps x 2 stages with a block per multiprocessor, the down launch and the T >= 33
 // gate / up launches (passes of two tokens, whose activation slots leave no room) do not.
@@ -229,11 +231,11 @@ TEST(MmvqStreamGeometry, Ds41LayerLaunchesAtTheDefaults_Host) {
     EXPECT_EQ(dn.stages, 2) << ds;
     EXPECT_EQ(gu.tok, T <= 32 ? 1 : 2) << gs;
     if (T == 1) {
-      EXPECT_EQ(gu.warps, 12) << gs;
-      EXPECT_EQ(gu.stages, 3) << gs;
+      EXPECT_EQ(gu.warps, 14) << gs;
+      EXPECT_EQ(gu.stages, 2) << gs;
       EXPECT_EQ(gu.per, 1) << gs;
       EXPECT_EQ(gu.n_act, 2) << gs;
-      EXPECT_EQ(gu.bytes, 122928) << gs;
+      EXPECT_EQ(gu.bytes, 99312) << gs;
       EXPECT_EQ(dn.n_act, 2) << ds;
       EXPECT_EQ(dn.bytes, 159312) << ds;
     } else if (T <= 32) {
@@ -245,6 +247,66 @@ TEST(MmvqStreamGeometry, Ds41LayerLaunchesAtTheDefaults_Host) {
       EXPECT_EQ(gu.per, 1) << gs;
     }
   }
+}
+
+// The one-token shape of 14 warps (cuda/mmvq_sb.cuh kOneTokenWarps), asked for the ds41 layer's
+// gate / up launch: at one token it keeps 14 warps with 2 stages (3 when asked), a block per
+// multiprocessor, shared memory that leaves room for one block of the shared expert's pair GEMV
+// beside it (cuda/gemv_stream.cu: 4 warps x 2 stages of a 10240-byte row, x, 8 barriers), and at
+// most two passes a warp where 12 warps leave some warps three; launches of several-token groups
+// and forced steps of 8 take 12 warps in its place. Asked through the options and
+// set_mmvq_stream_shape, 14 is accepted; 10 and 6 (what the old step-down would have reached)
+// are not.
+TEST(MmvqStreamGeometry, FourteenWarpsAreAOneTokenShape_Host) {
+  using cuda::mmvq_sb::block_items;
+  using cuda::mmvq_sb::choose;
+  using cuda::mmvq_sb::kPassRows;
+  const Settings set;
+  constexpr int64_t kSmPerSm = 228 * 1024, kBlockReserve = 1024;
+  constexpr int64_t kPairGemvBytes = 4 * 2 * 10240 + 10240 + 4 * 2 * 8;
+  auto most_passes_a_warp = [](const Geometry& g, int64_t items) {
+    int64_t most = 0;
+    for (int64_t b = 0; b < g.grid; ++b) {
+      const auto r = block_items(static_cast<uint32_t>(b), static_cast<uint32_t>(g.grid), items);
+      most = std::max(most, (r.b1 - r.b0 + g.warps - 1) / g.warps);
+    }
+    return most;
+  };
+  const int64_t items = 2 * 6 * 2304 / kPassRows;  // gate and up of 6 experts, passes of 8 rows
+  Geometry g14, g12, g14s3;
+  ASSERT_TRUE(choose(sbgeo::planned(1, 2, 2304, 5120), GgmlType::kQ2K, 14, 0, 132, set, g14));
+  ASSERT_TRUE(choose(sbgeo::planned(1, 2, 2304, 5120), GgmlType::kQ2K, 12, 0, 132, set, g12));
+  ASSERT_TRUE(choose(sbgeo::planned(1, 2, 2304, 5120), GgmlType::kQ2K, 14, 3, 132, set, g14s3));
+  const std::string d14 = sbgeo::describe(g14), d12 = sbgeo::describe(g12);
+  EXPECT_EQ(g14.warps, 14) << d14;
+  EXPECT_EQ(g14.stages, 2) << d14;
+  EXPECT_EQ(g14.per, 1) << d14;
+  EXPECT_EQ(g14.grid, 132) << d14;
+  EXPECT_EQ(g14.bytes, 99312) << d14;
+  EXPECT_LE(g14.bytes + kBlockReserve + kPairGemvBytes + kBlockReserve, kSmPerSm) << d14;
+  EXPECT_EQ(g14s3.warps, 14) << sbgeo::describe(g14s3);
+  EXPECT_EQ(g14s3.stages, 3) << sbgeo::describe(g14s3);
+  EXPECT_EQ(most_passes_a_warp(g14, items), 2) << d14;
+  EXPECT_EQ(g12.warps, 12) << d12;
+  EXPECT_EQ(most_passes_a_warp(g12, items), 3) << d12;
+  for (int64_t T = 2; T <= 64; T += 7) {
+    Geometry g;
+    ASSERT_TRUE(choose(sbgeo::planned(T, 2, 2304, 5120), GgmlType::kQ2K, 14, 0, 132, set, g));
+    EXPECT_TRUE(g.warps != 14 && cuda::stream_warps_allowed(g.warps))
+        << "T=" << T << " " << sbgeo::describe(g);
+  }
+  Settings step8;
+  step8.step = 8;
+  Geometry g8;
+  ASSERT_TRUE(choose(sbgeo::planned(1, 2, 2304, 5120), GgmlType::kQ2K, 14, 0, 132, step8, g8));
+  EXPECT_TRUE(g8.warps != 14 && cuda::stream_warps_allowed(g8.warps)) << sbgeo::describe(g8);
+  EXPECT_EQ(g8.per, 2) << sbgeo::describe(g8);
+  EXPECT_TRUE(cuda::stream_warps_allowed(14));
+  EXPECT_FALSE(cuda::stream_warps_allowed(10));
+  EXPECT_FALSE(cuda::stream_warps_allowed(6));
+  cuda::LayerOptions lo;
+  lo.gate_up_stream_warps = 14;
+  EXPECT_EQ(cuda::gate_up_stream_warps(lo, 1), 14);
 }
 
 // choose() sets every field of the Geometry it is given: one reused for a launch of double steps

@@ -279,13 +279,15 @@ INSTANTIATE_TEST_SUITE_P(
                       std::tuple{GgmlType::kQ2K, 8, 4020}, std::tuple{GgmlType::kQ2K, 8, 8020},
                       std::tuple{GgmlType::kQ2K, 8, 8042}, std::tuple{GgmlType::kQ2K, 8, 100020},
                       std::tuple{GgmlType::kQ2K, 8, 900020}, std::tuple{GgmlType::kQ2K, 8, 308020},
+                      std::tuple{GgmlType::kQ2K, 8, 140}, std::tuple{GgmlType::kQ2K, 8, 143},
                       std::tuple{GgmlType::kQ3K, 2, 0}, std::tuple{GgmlType::kQ3K, 4, 0},
                       std::tuple{GgmlType::kQ3K, 8, 0}, std::tuple{GgmlType::kQ3K, 8, 4},
                       std::tuple{GgmlType::kQ3K, 8, 14}, std::tuple{GgmlType::kQ3K, 8, 20},
                       std::tuple{GgmlType::kQ3K, 8, 42}, std::tuple{GgmlType::kQ3K, 8, 83},
                       std::tuple{GgmlType::kQ3K, 8, 4020}, std::tuple{GgmlType::kQ3K, 8, 8020},
                       std::tuple{GgmlType::kQ3K, 8, 8042}, std::tuple{GgmlType::kQ3K, 8, 100020},
-                      std::tuple{GgmlType::kQ3K, 8, 900020}, std::tuple{GgmlType::kQ3K, 8, 308020}),
+                      std::tuple{GgmlType::kQ3K, 8, 900020}, std::tuple{GgmlType::kQ3K, 8, 308020},
+                      std::tuple{GgmlType::kQ3K, 8, 140}, std::tuple{GgmlType::kQ3K, 8, 143}),
     [](const auto& info) {
       return std::string(std::get<0>(info.param) == GgmlType::kQ2K ? "Q2K" : "Q3K") + "_W" +
              std::to_string(std::get<1>(info.param)) + "_" + engine_name(std::get<2>(info.param));
@@ -309,8 +311,9 @@ TEST(MmvqDs41, SixExpertsOneLaunch_Gate2304x5120Q2K_Down5120x2304Q3K) {
     for (int64_t i = 0; i < n; ++i) dp.push_back(dw.get() + i * rows * rb);
     DevArray<const uint8_t*> dtab(dp);
     DevArray<BlockQ8_1> da(a);
-    for (int engine : {0, 4, 6, 14, 20, 42, 83, 124, 4020, 8020, 8083, 8124, 100020, 200020, 300020,
-                       900020, 208020, 104124}) {
+    // 140, 143, 8140: the one-token shape of 14 warps (2 stages, 3 stages; steps of 8 take 12).
+    for (int engine : {0,    4,      6,      14,     20,     42,     83,     124, 4020, 8020, 8083,
+                       8124, 100020, 200020, 300020, 900020, 208020, 104124, 140, 143,  8140}) {
       set_engine(engine);
       for (int warps : {2, 4, 8}) {
         DevArray<float> dy(want.size());
@@ -337,6 +340,7 @@ TEST(MmvqDiagnostic, TimelineKernelsComputeAsTheProductKernelsAndRecordEveryWarp
     ~Reset() {
       cuda::set_mmvq_stream_diagnostic(0, nullptr, 0);
       cuda::set_mmvq_stream_step(0);
+      cuda::set_mmvq_stream_shape(0, 0);
     }
   } reset;
   constexpr int kW = cuda::kMmvqTimelineWords;
@@ -454,6 +458,11 @@ TEST(MmvqDiagnostic, TimelineKernelsComputeAsTheProductKernelsAndRecordEveryWarp
                                     K, 8, nullptr),
                  InputError);
     cuda::set_mmvq_stream_step(0);
+    cuda::set_mmvq_stream_shape(14, 0);  // the one-token shape of 14 warps records no timeline
+    EXPECT_THROW(cuda::mmvq_experts(GgmlType::kQ2K, dtab.get(), 1, da.get(), false, dy.get(), rows,
+                                    K, 8, nullptr),
+                 InputError);
+    cuda::set_mmvq_stream_shape(0, 0);
     cuda::set_mmvq_stream_diagnostic(1, buf.get(), 3);
     EXPECT_THROW(cuda::mmvq_experts(GgmlType::kQ2K, dtab.get(), 1, da.get(), false, dy.get(), rows,
                                     K, 8, nullptr),

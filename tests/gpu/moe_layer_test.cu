@@ -28,7 +28,8 @@ using gputest::Variant;
 // graphs, both routers (a plain router's launch records no launch-completion event outside
 // graphs), programmatic launches, every other fork point (the default is kRouter at every T up to
 // 16: the router's start, the input and after the selection), and the streamed MMVQ's warps per
-// launch (gate / up x down: 16 x 12, 12 x 8), and the plan not prefetched into L1.
+// launch (gate / up x down: 16 x 12, 12 x 8, 14 x 16: the one-token shape of 14 warps, 12 above
+// one token), and the plan not prefetched into L1.
 std::vector<Variant> device_variants() {
   constexpr auto kDev = RoutePlace::kDevice;
   constexpr int kAuto = cuda::kMmvqRowsAuto;  // the default split (every expert on MMVQ at T <= 8)
@@ -47,6 +48,7 @@ std::vector<Variant> device_variants() {
            static_cast<int>(SharedFork::kSelection)},
           {8, RouterVariant::kStaged, true, true, kDev, kAuto, false, -1, 16, 12},
           {4, RouterVariant::kPlain, true, false, kDev, kAuto, false, -1, 12, 8},
+          {8, RouterVariant::kStaged, true, true, kDev, kAuto, false, -1, 14, 16},
           {8, RouterVariant::kStaged, true, true, kDev, kAuto, false, -1, 0, 0, false}};
 }
 
