@@ -493,8 +493,6 @@ __device__ __forceinline__ uint32_t sm_id() {
   return v;
 }
 
-// kDiag = 0 is the product kernel (no record, no clock read: its code is as without the
-// parameter).
 // The launch bounds' thread count: the block's own, except for the one-token shape of 14 warps
 // (kOneTokenWarps), whose bound is 17 warps, so that the compiler keeps below 65536 / 544 = 120
 // registers a thread (cuda/mmvq_sb.cuh); a bound of 16 warps would allow 128, too many beside a
@@ -505,6 +503,8 @@ constexpr int launch_bound_threads(int warps) {
   return (warps == kOneTokenWarps ? 17 : warps) * kWarpSize;
 }
 
+// kDiag = 0 is the product kernel (no record, no clock read: its code is as without the
+// parameter).
 template <GgmlType kType, int kWarps, bool kPrefix, int kTok, int kPer, int kDiag = 0>
 __global__ void __launch_bounds__(launch_bound_threads(kWarps), 1)
     mmvq_sb_kernel(MmvqParams p, int stages, int n_act, bool early, int head) {
