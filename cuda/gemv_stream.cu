@@ -15,6 +15,7 @@
 #include "cuda/check.h"
 #include "cuda/device_util.cuh"
 #include "cuda/gemv_plain.cuh"
+#include "cuda/gemv_stream_layout.cuh"
 #include "cuda/kernels.h"
 #include "cuda/pdl.cuh"
 
@@ -23,35 +24,15 @@ namespace {
 
 bool g_stream = true;
 
-constexpr int kStreamMaxStages = 8;
-constexpr int kStreamSmemMax = 227 * 1024;  // the most one block may have on sm_90
-// The default shape: 4 warps with 2 row stages each (measured best inside the one-token layer,
-// docs/performance.md), for K up to kStreamDefaultMaxK (the register-staged and general kernels
-// keep K above it).
-constexpr int kStreamDefaultWarps = 4, kStreamDefaultStages = 2;
-constexpr int64_t kStreamDefaultMaxK = 6016;
+using gemv_stream::kDefaultMaxK;
+using gemv_stream::kDefaultStages;
+using gemv_stream::kDefaultWarps;
+using gemv_stream::kSmemMax;
+using gemv_stream::stream_layout;
+using gemv_stream::StreamLayout;
+
 // set_bf16_gemv_stream_shape per launch form ([0] one matrix, [1] a pair); 0: the default.
 int g_warps[2] = {0, 0}, g_stages[2] = {0, 0};
-
-// The block's shared memory: the warps' rings (warp w's stages at w * S * row_bytes), x, then
-// the stage barriers.
-struct StreamLayout {
-  int stages, row_bytes, x_off, bar_off, bytes;
-};
-
-// W warps per block with S row stages each, or as many stages as `budget` allows (S = 0, at
-// most kStreamMaxStages).
-__host__ __device__ inline StreamLayout stream_layout(int64_t K, int warps, int budget,
-                                                      int stages = 0) {
-  StreamLayout L{};
-  L.row_bytes = static_cast<int>(2 * K);
-  const int s = (budget - L.row_bytes) / (warps * L.row_bytes);
-  L.stages = stages != 0 ? stages : s > kStreamMaxStages ? kStreamMaxStages : s;
-  L.x_off = warps * L.stages * L.row_bytes;
-  L.bar_off = L.x_off + L.row_bytes;  // row_bytes is a multiple of 16
-  L.bytes = L.bar_off + warps * L.stages * 8;
-  return L;
-}
 
 // Flat row r of the pair's list: matrix r / rows (a ternary, not an index into the parameter
 // array, which would copy it to local memory).
@@ -161,19 +142,19 @@ void set_bf16_gemv_stream_shape(int warps, int stages, int n_mat) {
 
 namespace detail {
 
-// The default shape (4 warps x 2 stages, K up to kStreamDefaultMaxK) or the one set by
+// The default shape (4 warps x 2 stages, K up to kDefaultMaxK) or the one set by
 // set_bf16_gemv_stream_shape (stages lowered to what fits a block's shared memory, or as many
 // as fit when 0). Fewer than two stages fit: not taken.
 bool launch_gemv_stream(const GemvArgs& a, int n_mat, void* stream) {
-  if (!g_stream || a.T != 1 || a.K > kStreamSmemMax / 2) return false;
+  if (!g_stream || a.T != 1 || a.K > kSmemMax / 2) return false;
   const int f = n_mat == 2 ? 1 : 0;
   const bool set = g_warps[f] != 0 || g_stages[f] != 0;
-  if (!set && a.K > kStreamDefaultMaxK) return false;
-  const int warps = g_warps[f] != 0 ? g_warps[f] : kStreamDefaultWarps;
-  const int most = stream_layout(a.K, warps, kStreamSmemMax).stages;
-  const int want = !set ? kStreamDefaultStages : g_stages[f] != 0 ? g_stages[f] : most;
+  if (!set && a.K > kDefaultMaxK) return false;
+  const int warps = g_warps[f] != 0 ? g_warps[f] : kDefaultWarps;
+  const int most = stream_layout(a.K, warps, kSmemMax).stages;
+  const int want = !set ? kDefaultStages : g_stages[f] != 0 ? g_stages[f] : most;
   if (most < 2) return false;  // not two row stages per warp in a block's shared memory
-  const StreamLayout L = stream_layout(a.K, warps, kStreamSmemMax, want < most ? want : most);
+  const StreamLayout L = stream_layout(a.K, warps, kSmemMax, want < most ? want : most);
   if (warps == 8) launch_warps<8>(a, n_mat, L, stream);
   else if (warps == 4) launch_warps<4>(a, n_mat, L, stream);
   else launch_warps<2>(a, n_mat, L, stream);

@@ -27,6 +27,9 @@ constexpr int kDefaultWarps = 16, kDefaultStages = 3;
 // 3456 passes then take at most two a warp on 132 multiprocessors (1848 warps), where 12 warps
 // (1584) leave some warps three.
 constexpr int kOneTokenWarps = 14, kOneTokenStages = 2;
+// What a launch asked for 14 warps takes where that is not the one-token shape (groups of several
+// tokens, forced steps of 8): the next shape the kernel is instantiated for.
+constexpr int kOneTokenFallbackWarps = 12;
 // Steps a warp issues before its block stages the activations (Settings::head; measured against
 // the whole ring first in docs/performance.md "The ring's head").
 constexpr int kDefaultHead = 1;
@@ -315,7 +318,7 @@ inline bool choose(const mmvq_tiles::MmvqParams& p, GgmlType t, int warps, int s
   const bool one_token_shape = warps == kOneTokenWarps && !prefixed(p) && set.step != 8;
   const int want = stages != 0 ? stages : one_token_shape ? kOneTokenStages : kDefaultStages;
   const int w0 = warps == 0                                    ? kDefaultWarps
-                 : warps == kOneTokenWarps && !one_token_shape ? 12
+                 : warps == kOneTokenWarps && !one_token_shape ? kOneTokenFallbackWarps
                                                                : warps;
   int w = w0;
   auto fit_warps = [&](int slot) {

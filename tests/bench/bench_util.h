@@ -201,6 +201,13 @@ __device__ __forceinline__ uint32_t block_fold(uint32_t acc) {
   return b;
 }
 
+// block_fold's result stored in sink[blockIdx.x]: the end of every read kernel whose per-block
+// folds the host checks (every thread calls it once).
+__device__ __forceinline__ void block_fold_to(uint32_t acc, uint32_t* sink) {
+  const uint32_t b = block_fold(acc);
+  if (threadIdx.x == 0) sink[blockIdx.x] = b;
+}
+
 // The benchmarks' plain read: every 16-byte word of p[0, n) loaded once (grid-stride, kLoads
 // independent loads in flight a thread, the words of a round a stride apart) and xor-folded; each
 // block stores its fold in sink[blockIdx.x], so the host can check against xor_fold below that the
@@ -223,8 +230,7 @@ __global__ void __launch_bounds__(512)
     const uint4 v = __ldg(p + i);
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
-  const uint32_t b = block_fold(acc);
-  if (threadIdx.x == 0) sink[blockIdx.x] = b;
+  block_fold_to(acc, sink);
 }
 
 // The xor of the 32-bit words of `bytes` bytes of device memory (bytes a multiple of 4), on the

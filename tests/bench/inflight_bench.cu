@@ -30,12 +30,6 @@ constexpr int64_t kPassBytes = 8 * kRowBytes;
 constexpr int64_t kSetBytes = 12 * 2304 * kRowBytes;  // 46,448,640
 constexpr int kSets = 8;
 
-// The fold of a block's threads into sink[blockIdx.x] (every thread calls it once).
-__device__ __forceinline__ void fold_to(uint32_t acc, uint32_t* sink) {
-  const uint32_t b = bench::block_fold(acc);
-  if (threadIdx.x == 0) sink[blockIdx.x] = b;
-}
-
 // Plain loads: bench::read_words_kernel<kLoads> (kLoads 1, 2 or 4 in flight a thread) in blocks of
 // 256 threads, so a multiprocessor keeps blocks x 256 x kLoads x 16 bytes in flight.
 using bench::read_words_kernel;
@@ -99,7 +93,7 @@ __global__ void __launch_bounds__(512, 1)
       parity ^= 1u;
     }
   }
-  fold_to(acc, sink);
+  bench::block_fold_to(acc, sink);
 }
 
 int64_t bulk_smem(const BulkShape& s) {

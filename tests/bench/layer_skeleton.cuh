@@ -243,8 +243,7 @@ __global__ void __launch_bounds__(512) persistent_kernel(PersistentArgs a) {
   acc ^= read_set(a.shared_down, tid, nth);
   grid_barrier(a.bar, a.bar + 1);
   for (int64_t i = tid; i < a.acc_n; i += nth) a.acc_out[i] = static_cast<float>(i);
-  const uint32_t f = block_fold(acc);
-  if (threadIdx.x == 0) a.sink[blockIdx.x] = f;
+  block_fold_to(acc, a.sink);
   if (tid == 0) *a.plan.input = (load_cg(a.plan.input) + 1) % a.plan.n_inputs;
 }
 

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "cuda/gemv_stream_layout.cuh"
 #include "cuda/kernels.h"
 #include "cuda/mmvq_sb.cuh"
 #include "cuda/moe_layer.h"
@@ -252,9 +253,9 @@ TEST(MmvqStreamGeometry, Ds41LayerLaunchesAtTheDefaults_Host) {
 // The one-token shape of 14 warps (cuda/mmvq_sb.cuh kOneTokenWarps), asked for the ds41 layer's
 // gate / up launch: at one token it keeps 14 warps with 2 stages (3 when asked), a block per
 // multiprocessor, shared memory that leaves room for one block of the shared expert's pair GEMV
-// beside it (cuda/gemv_stream.cu: 4 warps x 2 stages of a 10240-byte row, x, 8 barriers), and at
-// most two passes a warp where 12 warps leave some warps three; launches of several-token groups
-// and forced steps of 8 take 12 warps in its place. Asked through the options and
+// beside it (cuda/gemv_stream_layout.cuh: 4 warps x 2 stages of a 10240-byte row, x, 8 barriers),
+// and at most two passes a warp where 12 warps leave some warps three; launches of several-token
+// groups and forced steps of 8 take 12 warps in its place. Asked through the options and
 // set_mmvq_stream_shape, 14 is accepted; 10 and 6 (what the old step-down would have reached)
 // are not.
 TEST(MmvqStreamGeometry, FourteenWarpsAreAOneTokenShape_Host) {
@@ -263,7 +264,10 @@ TEST(MmvqStreamGeometry, FourteenWarpsAreAOneTokenShape_Host) {
   using cuda::mmvq_sb::kPassRows;
   const Settings set;
   constexpr int64_t kSmPerSm = 228 * 1024, kBlockReserve = 1024;
-  constexpr int64_t kPairGemvBytes = 4 * 2 * 10240 + 10240 + 4 * 2 * 8;
+  namespace gs = cuda::gemv_stream;
+  const int64_t pair_gemv_bytes =
+      gs::stream_layout(5120, gs::kDefaultWarps, gs::kSmemMax, gs::kDefaultStages).bytes;
+  EXPECT_EQ(pair_gemv_bytes, 4 * 2 * 10240 + 10240 + 4 * 2 * 8);  // 92224: the shape named above
   auto most_passes_a_warp = [](const Geometry& g, int64_t items) {
     int64_t most = 0;
     for (int64_t b = 0; b < g.grid; ++b) {
@@ -283,7 +287,7 @@ TEST(MmvqStreamGeometry, FourteenWarpsAreAOneTokenShape_Host) {
   EXPECT_EQ(g14.per, 1) << d14;
   EXPECT_EQ(g14.grid, 132) << d14;
   EXPECT_EQ(g14.bytes, 99312) << d14;
-  EXPECT_LE(g14.bytes + kBlockReserve + kPairGemvBytes + kBlockReserve, kSmPerSm) << d14;
+  EXPECT_LE(g14.bytes + kBlockReserve + pair_gemv_bytes + kBlockReserve, kSmPerSm) << d14;
   EXPECT_EQ(g14s3.warps, 14) << sbgeo::describe(g14s3);
   EXPECT_EQ(g14s3.stages, 3) << sbgeo::describe(g14s3);
   EXPECT_EQ(most_passes_a_warp(g14, items), 2) << d14;
