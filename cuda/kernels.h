@@ -137,6 +137,8 @@ MmvqEngine mmvq_engine();
 constexpr bool stream_warps_allowed(int w) {
   return w == 0 || w == 4 || w == 8 || w == 12 || w == 14 || w == 16;
 }
+// The same list as the refusals spell it (change the two together).
+inline constexpr char kStreamWarpsAllowedText[] = "0, 4, 8, 12, 14 or 16";
 // The streamed engine's shape: warps per block (4, 8, 12, 14 or 16) and ring stages per warp
 // (2..8); 0 for the defaults (16 warps, 3 stages, fewer where shared memory is short). No bit
 // depends on it. Process-wide, for benchmarks and tests; not thread-safe.

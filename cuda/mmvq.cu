@@ -368,10 +368,9 @@ MmvqEngine mmvq_engine() { return g_engine; }
 
 void set_mmvq_stream_shape(int warps, int stages) {
   if (!stream_warps_allowed(warps) || (stages != 0 && (stages < 2 || stages > 8)))
-    throw InputError(
-        "cuda::set_mmvq_stream_shape: need warps 0, 4, 8, 12, 14 or 16 and stages 0 or 2..8, found "
-        "warps=" +
-        std::to_string(warps) + " stages=" + std::to_string(stages));
+    throw InputError(std::string("cuda::set_mmvq_stream_shape: need warps ") +
+                     kStreamWarpsAllowedText + " and stages 0 or 2..8, found warps=" +
+                     std::to_string(warps) + " stages=" + std::to_string(stages));
   g_sb_warps = warps;
   g_sb_stages = stages;
 }
@@ -460,9 +459,8 @@ void mmvq_groups_planned(GgmlType t, const uint8_t* const* slots, const MmvqGrou
                          void* stream, int64_t layer_tokens, int stream_warps, const void* warm,
                          int64_t warm_bytes, int64_t max_groups) {
   if (!stream_warps_allowed(stream_warps))
-    throw InputError(
-        "cuda::mmvq_groups_planned: stream_warps must be 0, 4, 8, 12, 14 or 16, found " +
-        std::to_string(stream_warps));
+    throw InputError(std::string("cuda::mmvq_groups_planned: stream_warps must be ") +
+                     kStreamWarpsAllowedText + ", found " + std::to_string(stream_warps));
   if (n_proj < 1 || proj_stride < 0 || max_groups < 0)
     throw InputError("cuda::mmvq_groups_planned: need n_proj >= 1, proj_stride >= 0 and " +
                      std::string("max_groups >= 0, found ") + std::to_string(n_proj) + ", " +

@@ -36,10 +36,8 @@ void check_options(const LayerWeights& w, const LayerOptions& o, const ExpertLru
                      std::to_string(o.mmvq_max_rows));
   for (const int sw : {o.gate_up_stream_warps, o.down_stream_warps})
     if (!stream_warps_allowed(sw))
-      throw InputError(where +
-                       "options: gate_up_stream_warps and down_stream_warps must be 0, 4, 8, 12, "
-                       "14 or 16, found " +
-                       std::to_string(sw));
+      throw InputError(where + "options: gate_up_stream_warps and down_stream_warps must be " +
+                       kStreamWarpsAllowedText + ", found " + std::to_string(sw));
   if (o.max_tokens < 0 || o.max_tokens > (int64_t{1} << 24))
     throw InputError(where + "options: max_tokens must be in [0, 2^24], found " +
                      std::to_string(o.max_tokens));
